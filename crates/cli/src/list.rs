@@ -1,0 +1,187 @@
+//! `ls`, `cat`, `stat`.
+
+use crate::fmt::*;
+use anyhow::{Context, Result};
+use ferofs_reader::{Image, Inode};
+use serde_json::{json, Value};
+use std::io::Write;
+use std::path::Path;
+
+pub fn open(image: &Path) -> Result<Image> {
+    Image::open(image).with_context(|| format!("cannot open image {}", image.display()))
+}
+
+fn lookup(img: &Image, path: &str) -> Result<Inode> {
+    img.lookup(path.as_bytes())
+        .with_context(|| format!("{path}: lookup failed"))
+}
+
+/// `ls -l` JSON object for one entry.
+pub fn entry_json(img: &Image, name: &[u8], ino: &Inode) -> Result<Value> {
+    let mut v = json!({
+        "name": bytes_display(name),
+        "nid": ino.nid,
+        "type": type_name(ino.mode),
+        "mode": format!("{:04o}", ino.mode & 0o7777),
+        "nlink": ino.nlink,
+        "uid": ino.uid,
+        "gid": ino.gid,
+        "size": ino.size,
+        "mtime": ino.mtime,
+        "mtime_nsec": ino.mtime_nsec,
+        "mtime_utc": time_string(ino.mtime, ino.mtime_nsec),
+    });
+    if ino.is_symlink() {
+        v["target"] = json!(bytes_display(&img.read_link(ino)?));
+    }
+    if ino.is_device() {
+        let (ma, mi) = ino.rdev_major_minor();
+        v["rdev"] = json!({"major": ma, "minor": mi});
+    }
+    Ok(v)
+}
+
+pub fn ls(image: &Path, path: &str, json_out: bool, all: bool) -> Result<()> {
+    let img = open(image)?;
+    let ino = lookup(&img, path)?;
+    let entries: Vec<(Vec<u8>, Inode)> = if ino.is_dir() {
+        let mut v = Vec::new();
+        for d in img.read_dir(&ino)? {
+            if !all && (d.name == b"." || d.name == b"..") {
+                continue;
+            }
+            let child = img
+                .inode(d.nid)
+                .with_context(|| format!("{path}/{}", bytes_display(&d.name)))?;
+            v.push((d.name, child));
+        }
+        v
+    } else {
+        vec![(path.as_bytes().to_vec(), ino)]
+    };
+    let mut out = std::io::stdout().lock();
+    if json_out {
+        let arr: Result<Vec<Value>> = entries.iter().map(|(n, i)| entry_json(&img, n, i)).collect();
+        writeln!(out, "{}", serde_json::to_string_pretty(&arr?)?)?;
+        return Ok(());
+    }
+    for (name, i) in &entries {
+        let size = if i.is_device() {
+            let (ma, mi) = i.rdev_major_minor();
+            format!("{ma}, {mi}")
+        } else {
+            i.size.to_string()
+        };
+        let mut line = format!(
+            "{} {:>3} {:>5} {:>5} {:>10} {} {}",
+            mode_string(i.mode),
+            i.nlink,
+            i.uid,
+            i.gid,
+            size,
+            time_string(i.mtime, i.mtime_nsec),
+            bytes_display(name)
+        );
+        if i.is_symlink() {
+            line.push_str(" -> ");
+            line.push_str(&bytes_display(&img.read_link(i)?));
+        }
+        writeln!(out, "{line}")?;
+    }
+    Ok(())
+}
+
+pub fn cat(image: &Path, path: &str) -> Result<()> {
+    let img = open(image)?;
+    let ino = lookup(&img, path)?;
+    anyhow::ensure!(!ino.is_dir(), "{path}: is a directory");
+    let mut out = std::io::stdout().lock();
+    if ino.is_symlink() {
+        out.write_all(&img.read_link(&ino)?)?;
+        return Ok(());
+    }
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0u64;
+    while off < ino.size {
+        let n = img
+            .read_at(&ino, off, &mut buf)
+            .with_context(|| format!("{path}: read at offset {off}"))?;
+        if n == 0 {
+            anyhow::bail!("{path}: unexpected end of data at offset {off} (size {})", ino.size);
+        }
+        out.write_all(&buf[..n])?;
+        off += n as u64;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+pub fn stat(image: &Path, path: &str, json_out: bool) -> Result<()> {
+    let img = open(image)?;
+    let ino = lookup(&img, path)?;
+    let mut v = entry_json(&img, path.as_bytes(), &ino)?;
+    v["ino"] = json!(ino.ino);
+    v["inode_format"] = json!(if ino.extended { "extended" } else { "compact" });
+    v["layout"] = json!(ino.layout.name());
+    let xattrs: Vec<Value> = img
+        .xattrs(&ino)?
+        .iter()
+        .map(|x| json!({"name": bytes_display(&x.name), "value_hex": hex(&x.value), "value": bytes_display(&x.value)}))
+        .collect();
+    v["xattrs"] = json!(xattrs);
+    let extents: Vec<Value> = img
+        .extents(&ino)?
+        .iter()
+        .map(|e| serde_json::to_value(e).unwrap_or(Value::Null))
+        .collect();
+    v["extents"] = json!(extents);
+    let mut out = std::io::stdout().lock();
+    if json_out {
+        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+        return Ok(());
+    }
+    writeln!(out, "  File: {path}")?;
+    writeln!(
+        out,
+        "  Type: {}   Size: {}   Links: {}",
+        type_name(ino.mode),
+        ino.size,
+        ino.nlink
+    )?;
+    writeln!(
+        out,
+        "   Nid: {}   Ino: {}   Inode: {}   Layout: {}",
+        ino.nid,
+        ino.ino,
+        if ino.extended { "extended" } else { "compact" },
+        ino.layout.name()
+    )?;
+    writeln!(
+        out,
+        "Access: ({:04o}/{})  Uid: {}  Gid: {}",
+        ino.mode & 0o7777,
+        mode_string(ino.mode),
+        ino.uid,
+        ino.gid
+    )?;
+    writeln!(out, "Modify: {}", time_string(ino.mtime, ino.mtime_nsec))?;
+    if ino.is_device() {
+        let (ma, mi) = ino.rdev_major_minor();
+        writeln!(out, "Device: {ma}, {mi}")?;
+    }
+    if ino.is_symlink() {
+        writeln!(out, "Target: {}", bytes_display(&img.read_link(&ino)?))?;
+    }
+    for x in img.xattrs(&ino)? {
+        writeln!(
+            out,
+            " Xattr: {} = {}",
+            bytes_display(&x.name),
+            bytes_display(&x.value)
+        )?;
+    }
+    for e in img.extents(&ino)? {
+        writeln!(out, "Extent: {e}")?;
+    }
+    Ok(())
+}

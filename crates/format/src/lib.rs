@@ -25,6 +25,7 @@ pub mod le;
 pub mod sb;
 pub mod xattr;
 pub mod xxh32;
+pub mod zindex;
 pub mod zmap;
 
 /// Size of an inode slot; nids count these.

@@ -1,0 +1,376 @@
+//! File data (like the kernel's data.c): one mapping function for every layout, and
+//! `read_at` on top of it. Compressed layouts are mapped by `zmap`/`zdata`.
+
+use crate::error::*;
+use crate::image::Image;
+use crate::inode::Inode;
+use crate::source::Source;
+use ferofs_format::chunk::*;
+use ferofs_format::inode::DataLayout;
+use ferofs_format::sb::INCOMPAT_48BIT;
+use serde::Serialize;
+use std::fmt;
+
+/// Where a run of logical bytes comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Src {
+    /// Zeros.
+    Hole,
+    /// Raw image bytes at this absolute byte position.
+    Raw(u64),
+    /// Bytes in the inode's own address space at this offset from the inode start.
+    Inline(u64),
+}
+
+/// A mapped run: logical `[start, start+len)` from `src`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Run {
+    pub start: u64,
+    pub len: u64,
+    pub src: Src,
+}
+
+/// One extent, for `stat`-style display.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Extent {
+    pub logical: u64,
+    pub length: u64,
+    /// Absolute byte address in the image (None: hole, inline or fragment).
+    pub physical: Option<u64>,
+    /// Bytes stored (compressed length for compressed extents).
+    pub stored: u64,
+    pub kind: String,
+}
+
+impl fmt::Display for Extent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}..{} {}",
+            self.logical,
+            self.logical + self.length,
+            self.kind
+        )?;
+        if let Some(p) = self.physical {
+            write!(f, " @ {p} ({} bytes stored)", self.stored)?;
+        }
+        Ok(())
+    }
+}
+
+/// Hard cap on extents listed for one file.
+const MAX_EXTENTS_LISTED: usize = 1 << 20;
+
+impl<S: Source> Image<S> {
+    fn null_startblk(&self, ino: &Inode) -> bool {
+        if self.sb.has_incompat(INCOMPAT_48BIT) && (ino.extended || ino.addr_hi != 0) {
+            ino.startblk() == (1u64 << 48) - 1
+        } else {
+            ino.raw_u == u32::MAX
+        }
+    }
+
+    /// Map the uncompressed run containing logical offset `pos` (< size).
+    pub(crate) fn map_flat(&self, ino: &Inode, pos: u64) -> Result<Run> {
+        let bits = self.blkszbits;
+        let blksz = 1u64 << bits;
+        match ino.layout {
+            DataLayout::FlatPlain | DataLayout::FlatInline => {
+                let nblocks = ino.size.div_ceil(blksz);
+                let inline = ino.layout == DataLayout::FlatInline;
+                let flat_blocks = if inline {
+                    nblocks.saturating_sub(1)
+                } else {
+                    nblocks
+                };
+                let flat_end = flat_blocks << bits;
+                if pos < flat_end {
+                    if self.null_startblk(ino) {
+                        return Ok(Run {
+                            start: 0,
+                            len: flat_end,
+                            src: Src::Hole,
+                        });
+                    }
+                    let phys = self.blk_pos(ino.startblk()).ok_or_else(|| {
+                        corrupt(
+                            CorruptKind::BadBlockAddress,
+                            Some(ino.nid),
+                            None,
+                            Some(ino.startblk()),
+                            "start block overflows",
+                        )
+                    })?;
+                    let end = phys.checked_add(flat_end);
+                    if end.is_none_or(|e| e > self.len) {
+                        return Err(corrupt(
+                            CorruptKind::BadBlockAddress,
+                            Some(ino.nid),
+                            Some(phys),
+                            Some(ino.startblk()),
+                            "data blocks beyond the end of the image",
+                        ));
+                    }
+                    return Ok(Run {
+                        start: 0,
+                        len: flat_end,
+                        src: Src::Raw(phys),
+                    });
+                }
+                // The inline tail, right after the inode core and xattrs.
+                let tail_len = ino.size - flat_end;
+                let (ipos, _) = self.inode_pos(ino.nid)?;
+                let tail_pos = ipos.checked_add(ino.meta_size).unwrap_or(u64::MAX);
+                if (tail_pos % blksz) + tail_len > blksz {
+                    return Err(corrupt(
+                        CorruptKind::BadInlineData,
+                        Some(ino.nid),
+                        Some(tail_pos),
+                        Some(tail_len),
+                        "inline data crosses a block boundary",
+                    ));
+                }
+                Ok(Run {
+                    start: flat_end,
+                    len: tail_len,
+                    src: Src::Inline(ino.meta_size),
+                })
+            }
+            DataLayout::ChunkBased => self.map_chunk(ino, pos),
+            _ => Err(unsupported(
+                "compressed layout in flat mapping",
+                Some(ino.nid),
+            )),
+        }
+    }
+
+    fn map_chunk(&self, ino: &Inode, pos: u64) -> Result<Run> {
+        let bits = self.blkszbits;
+        let fmt = (ino.raw_u & 0xFFFF) as u16;
+        if fmt & !CHUNK_FORMAT_ALL != 0 {
+            return Err(unsupported(format!("chunk format {fmt:#x}"), Some(ino.nid)));
+        }
+        let chunkbits = u32::from(bits) + u32::from(fmt & CHUNK_FORMAT_BLKBITS_MASK);
+        if chunkbits > 48 {
+            return Err(corrupt(
+                CorruptKind::BadChunk,
+                Some(ino.nid),
+                None,
+                Some(u64::from(chunkbits)),
+                "chunk size too large",
+            ));
+        }
+        let cs = 1u64 << chunkbits;
+        let idx = pos >> chunkbits;
+        let indexes = fmt & CHUNK_FORMAT_INDEXES != 0;
+        let unit: u64 = if indexes {
+            CHUNK_INDEX_SIZE as u64
+        } else {
+            BLOCK_MAP_ENTRY_SIZE as u64
+        };
+        let (ipos, _) = self.inode_pos(ino.nid)?;
+        let e = ipos + ino.meta_size;
+        let arr = (e + unit - 1) / unit * unit - ipos;
+        let off = arr + idx * unit;
+        let start = idx << chunkbits;
+        let round_size = ino.size.div_ceil(1 << bits) << bits;
+        let len = cs.min(round_size - start);
+        let (blk, dev) = if indexes {
+            let mut b = [0u8; CHUNK_INDEX_SIZE];
+            self.read_inode_meta(ino.nid, off, &mut b)?;
+            let ci = ChunkIndex::parse(&b);
+            let mask: u64 = if fmt & CHUNK_FORMAT_48BIT != 0 {
+                (1 << 48) - 1
+            } else {
+                u64::from(u32::MAX)
+            };
+            let blk = ((u64::from(ci.startblk_hi) << 32) | u64::from(ci.startblk_lo)) & mask;
+            if blk == mask {
+                return Ok(Run {
+                    start,
+                    len,
+                    src: Src::Hole,
+                });
+            }
+            let devmask = (u32::from(self.sb.extra_devices) + 1).next_power_of_two() - 1;
+            (blk, u32::from(ci.device_id) & devmask)
+        } else {
+            let mut b = [0u8; 4];
+            self.read_inode_meta(ino.nid, off, &mut b)?;
+            let blk = u32::from_le_bytes(b);
+            if blk == BLOCK_MAP_HOLE {
+                return Ok(Run {
+                    start,
+                    len,
+                    src: Src::Hole,
+                });
+            }
+            (u64::from(blk), 0)
+        };
+        let base = if dev == 0 {
+            0
+        } else {
+            let d = self.devices.get(dev as usize - 1).ok_or_else(|| {
+                corrupt(
+                    CorruptKind::BadChunk,
+                    Some(ino.nid),
+                    Some(off),
+                    Some(u64::from(dev)),
+                    "chunk on a device that does not exist",
+                )
+            })?;
+            u64::from(d.uniaddr_lo) | (u64::from(d.uniaddr_hi) << 32)
+        };
+        let phys = base
+            .checked_add(blk)
+            .and_then(|b| self.blk_pos(b))
+            .ok_or_else(|| {
+                corrupt(
+                    CorruptKind::BadChunk,
+                    Some(ino.nid),
+                    Some(off),
+                    Some(blk),
+                    "chunk address overflows",
+                )
+            })?;
+        if phys.checked_add(len).is_none_or(|e| e > self.len) {
+            return Err(corrupt(
+                CorruptKind::BadChunk,
+                Some(ino.nid),
+                Some(off),
+                Some(blk),
+                "chunk beyond the end of the image",
+            ));
+        }
+        Ok(Run {
+            start,
+            len,
+            src: Src::Raw(phys),
+        })
+    }
+
+    /// Read file data at `offset` into `buf`; returns the bytes read (short only at EOF).
+    pub fn read_at(&self, ino: &Inode, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        if offset >= ino.size || buf.is_empty() {
+            return Ok(0);
+        }
+        let want = (ino.size - offset).min(buf.len() as u64) as usize;
+        if ino.layout.is_compressed() {
+            return self.z_read_at(ino, offset, &mut buf[..want]);
+        }
+        let mut done = 0usize;
+        // Bounded: every iteration makes progress of at least one byte.
+        while done < want {
+            let pos = offset + done as u64;
+            let run = self.map_flat(ino, pos)?;
+            let into = pos - run.start;
+            let n = ((run.len - into) as usize).min(want - done);
+            if n == 0 {
+                return Err(corrupt(
+                    CorruptKind::BadLayout,
+                    Some(ino.nid),
+                    Some(pos),
+                    None,
+                    "empty mapping",
+                ));
+            }
+            let dst = &mut buf[done..done + n];
+            match run.src {
+                Src::Hole => dst.fill(0),
+                Src::Raw(p) => self.read_raw(dst, p + into)?,
+                Src::Inline(rel) => self.read_inode_meta(ino.nid, rel + into, dst)?,
+            }
+            done += n;
+        }
+        Ok(want)
+    }
+
+    /// Whole content of a file, refusing anything larger than `limit` bytes.
+    pub fn read_to_vec_limited(&self, ino: &Inode, limit: u64) -> Result<Vec<u8>> {
+        if ino.size > limit {
+            return Err(corrupt(
+                CorruptKind::BadInodeSize,
+                Some(ino.nid),
+                None,
+                Some(ino.size),
+                "larger than the caller's limit",
+            ));
+        }
+        let mut v = vec![0u8; ino.size as usize];
+        let n = self.read_at(ino, 0, &mut v)?;
+        if n as u64 != ino.size {
+            return Err(Error::short_read(ino.nid, n as u64, ino.size));
+        }
+        Ok(v)
+    }
+
+    /// Whole content of a file (up to 1 GiB; use `read_at` for larger files).
+    pub fn read_to_vec(&self, ino: &Inode) -> Result<Vec<u8>> {
+        self.read_to_vec_limited(ino, 1 << 30)
+    }
+
+    /// Symlink target.
+    pub fn read_link(&self, ino: &Inode) -> Result<Vec<u8>> {
+        if !ino.is_symlink() {
+            return Err(Error::WrongType {
+                nid: ino.nid,
+                what: "not a symlink",
+            });
+        }
+        if ino.size > 4096 {
+            return Err(corrupt(
+                CorruptKind::BadInodeSize,
+                Some(ino.nid),
+                None,
+                Some(ino.size),
+                "symlink target longer than 4096",
+            ));
+        }
+        self.read_to_vec_limited(ino, 4096)
+    }
+
+    /// The physical extents of a file (for display).
+    pub fn extents(&self, ino: &Inode) -> Result<Vec<Extent>> {
+        if ino.layout.is_compressed() {
+            return self.z_extents(ino);
+        }
+        let mut v = Vec::new();
+        let mut pos = 0u64;
+        while pos < ino.size && v.len() < MAX_EXTENTS_LISTED {
+            let run = self.map_flat(ino, pos)?;
+            let len = (run.start + run.len).min(ino.size) - pos;
+            if len == 0 {
+                break;
+            }
+            let (physical, kind) = match run.src {
+                Src::Hole => (None, "hole"),
+                Src::Raw(p) => (Some(p + (pos - run.start)), "plain"),
+                Src::Inline(_) => (None, "inline"),
+            };
+            // Merge physically contiguous runs of the same kind.
+            if let Some(last) = v.last_mut() {
+                let l: &mut Extent = last;
+                let contiguous = match (l.physical, physical) {
+                    (Some(a), Some(b)) => a + l.length == b,
+                    (None, None) => l.kind == kind,
+                    _ => false,
+                };
+                if contiguous && l.kind == kind {
+                    l.length += len;
+                    l.stored += if physical.is_some() { len } else { 0 };
+                    pos += len;
+                    continue;
+                }
+            }
+            v.push(Extent {
+                logical: pos,
+                length: len,
+                physical,
+                stored: if kind == "hole" { 0 } else { len },
+                kind: kind.to_string(),
+            });
+            pos += len;
+        }
+        Ok(v)
+    }
+}

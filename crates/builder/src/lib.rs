@@ -1,1 +1,484 @@
-//! ferofs-builder
+//! # ferofs-builder — mkfs.erofs as a library
+//!
+//! What it owns: turning an input tree into an EROFS image. What it does not own: the
+//! on-disk structs (`ferofs-format`) and codecs (`ferofs-compress`).
+//!
+//! Data flows through stages whose outputs are plain data:
+//! 1. [`scan`]: the input becomes a [`scan::Tree`] (metadata only, inodes numbered,
+//!    hardlinks merged).
+//! 2. time policy, the [`xattrs`] plan (shared entries, inline areas, bloom filters)
+//!    and each inode's version (compact or extended).
+//! 3. [`data`]: file contents are streamed to the data region (from the first block
+//!    after the superblock), in inode order; holes become null chunks.
+//! 4. plan: every inode's metadata record (core + xattrs + inline tail or chunk map)
+//!    is packed into metadata blocks (first fit, never crossing a block when it holds
+//!    inline data), which fixes every nid; directory blocks follow.
+//! 5. write: metadata, shared xattrs, directory/symlink blocks, then the superblock
+//!    with its checksum last; the temporary file is renamed over the output.
+//!
+//! Layout: `[block 0: superblock][data region][metadata region][shared xattrs]
+//! [directory and symlink blocks]`. The same tree and options give the same bytes.
+
+#![forbid(unsafe_code)]
+
+pub mod data;
+pub mod dir;
+pub mod options;
+mod out;
+pub mod scan;
+pub mod xattrs;
+
+pub use options::{BuildError, BuildOptions, BuildReport, UuidChoice};
+
+use data::{DataWriter, FileData};
+use ferofs_format::dirent::{file_type_of_mode, FT_DIR};
+use ferofs_format::inode::*;
+use ferofs_format::sb::*;
+use options::Result;
+use scan::{InodeId, Kind, Tree};
+use std::path::Path;
+
+/// Build an image of the directory `source` at `output`.
+pub fn build_from_dir(source: &Path, output: &Path, opts: &BuildOptions) -> Result<BuildReport> {
+    check_options(opts)?;
+    let tree = scan::scan_dir(source, opts)?;
+    build_tree(tree, output, opts)
+}
+
+fn check_options(o: &BuildOptions) -> Result<()> {
+    if !(512..=4096).contains(&o.block_size) || !o.block_size.is_power_of_two() {
+        return Err(BuildError::Options(format!(
+            "block size {} (512, 1024, 2048 or 4096)",
+            o.block_size
+        )));
+    }
+    if let Some(l) = &o.label {
+        if l.len() > 15 {
+            return Err(BuildError::Options("label longer than 15 bytes".into()));
+        }
+    }
+    Ok(())
+}
+
+/// Build time and per-inode mtimes (doc: -T, SOURCE_DATE_EPOCH, --ignore-mtime).
+fn apply_time_policy(tree: &mut Tree, o: &BuildOptions) -> i64 {
+    let newest = tree.nodes.iter().map(|n| n.mtime).max().unwrap_or(0);
+    let build_time = o.timestamp.or(o.source_date_epoch).unwrap_or(newest);
+    for n in &mut tree.nodes {
+        if let Some(t) = o.timestamp {
+            n.mtime = t;
+            n.mtime_nsec = 0;
+        } else if let Some(sde) = o.source_date_epoch {
+            if n.mtime > sde {
+                n.mtime = sde;
+                n.mtime_nsec = 0;
+            }
+        }
+        if o.ignore_mtime {
+            n.mtime = build_time;
+            n.mtime_nsec = 0;
+        }
+    }
+    build_time
+}
+
+/// Where an inode's data lives, after the data stage and planning.
+#[derive(Debug, Clone)]
+enum Layout {
+    /// FLAT_PLAIN with blocks (or none).
+    Plain {
+        startblk: u64,
+    },
+    /// FLAT_INLINE: full blocks from startblk (NULL if none), tail behind the inode.
+    Inline {
+        startblk: Option<u64>,
+        tail: Vec<u8>,
+    },
+    Chunked {
+        chunk_rel: u8,
+        map: Vec<u32>,
+    },
+}
+
+/// Blocks of directory/symlink content waiting for the post-metadata region.
+struct Blob {
+    id: InodeId,
+    bytes: Vec<u8>,
+}
+
+fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildReport> {
+    let bits = o.block_size.trailing_zeros() as u8;
+    let bs = u64::from(o.block_size);
+    let build_time = apply_time_policy(&mut tree, o);
+    let xplan = xattrs::plan(&tree);
+    let n = tree.nodes.len();
+
+    // Inode versions: compact only when every value fits and the mtime equals the
+    // build time (compact inodes carry no mtime older kernels would show).
+    let extended: Vec<bool> = tree
+        .nodes
+        .iter()
+        .map(|nd| {
+            let size = match &nd.kind {
+                Kind::File { size, .. } => *size,
+                _ => 0,
+            };
+            size > u64::from(u32::MAX)
+                || nd.uid > 0xFFFF
+                || nd.gid > 0xFFFF
+                || nd.nlink > 0xFFFF
+                || nd.mtime != build_time
+                || nd.mtime_nsec != 0
+        })
+        .collect();
+    let core_size = |id: InodeId| if extended[id] { EXTENDED_SIZE } else { COMPACT_SIZE } as u64;
+    for (id, area) in xplan.ibody.iter().enumerate() {
+        if xattr_icount_for(area.len()).is_none() {
+            return Err(BuildError::Invalid {
+                path: tree.nodes[id]
+                    .rel
+                    .clone()
+                    .into_iter()
+                    .map(char::from)
+                    .collect::<String>()
+                    .into(),
+                what: "xattrs too large for one inode".into(),
+            });
+        }
+    }
+    let fixed_meta = |id: InodeId| core_size(id) + xplan.ibody[id].len() as u64;
+
+    let mut out = out::Out::create(output)?;
+    // Stage 3: file data, from the first block after the superblock.
+    let first_blk = (SB_OFFSET + SB_BASE_SIZE as u64).div_ceil(bs);
+    let mut layouts: Vec<Layout> = vec![Layout::Plain { startblk: 0 }; n];
+    let mut bytes_in = 0u64;
+    let data_end;
+    {
+        let mut dw = DataWriter {
+            out: &mut out,
+            blkszbits: bits,
+            next_blk: first_blk,
+            buf: Vec::new(),
+        };
+        for (id, nd) in tree.nodes.iter().enumerate() {
+            if let Kind::File { path, size } = &nd.kind {
+                bytes_in += size;
+                let tail = size % bs;
+                let inline = o.inline_data && tail != 0 && fixed_meta(id) + tail <= bs;
+                layouts[id] = match dw.store_file(path, *size, inline)? {
+                    FileData::Empty => Layout::Plain { startblk: 0 },
+                    FileData::Flat {
+                        startblk,
+                        nblocks,
+                        tail,
+                    } if !tail.is_empty() => Layout::Inline {
+                        startblk: (nblocks > 0).then_some(startblk),
+                        tail,
+                    },
+                    FileData::Flat { startblk, .. } => Layout::Plain { startblk },
+                    FileData::Chunked { chunk_rel, map } => Layout::Chunked { chunk_rel, map },
+                };
+            }
+        }
+        data_end = dw.next_blk;
+    }
+
+    // Directory entries and symlink targets: content known now, nids later.
+    let mut dir_entries: Vec<Option<(dir::DirEntries, Vec<std::ops::Range<usize>>, u64)>> =
+        vec![None; n];
+    let mut sizes: Vec<u64> = vec![0; n];
+    for (id, nd) in tree.nodes.iter().enumerate() {
+        match &nd.kind {
+            Kind::Dir { entries, parent } => {
+                let parent = if id == tree.root { id } else { *parent };
+                let mut es: dir::DirEntries = vec![
+                    (b".".to_vec(), id, FT_DIR),
+                    (b"..".to_vec(), parent, FT_DIR),
+                ];
+                for (name, c) in entries {
+                    es.push((name.clone(), *c, file_type_of_mode(tree.nodes[*c].mode)));
+                }
+                es.sort_by(|a, b| a.0.cmp(&b.0));
+                let (blocks, size) = dir::layout(&es, bs as usize);
+                sizes[id] = size;
+                dir_entries[id] = Some((es, blocks, size));
+            }
+            Kind::File { size, .. } => sizes[id] = *size,
+            Kind::Symlink { target } => sizes[id] = target.len() as u64,
+            _ => {}
+        }
+    }
+    // Inline decision for directories and symlinks (always allowed, like mkfs).
+    let mut content_inline = vec![false; n];
+    for (id, nd) in tree.nodes.iter().enumerate() {
+        if matches!(nd.kind, Kind::Dir { .. } | Kind::Symlink { .. }) {
+            let tail = sizes[id] % bs;
+            content_inline[id] = tail != 0 && fixed_meta(id) + tail <= bs;
+        }
+    }
+
+    // Stage 4: pack metadata records, first fit, fixing every nid.
+    let record_len = |id: InodeId| -> u64 {
+        let base = fixed_meta(id);
+        match &layouts[id] {
+            Layout::Inline { tail, .. } => base + tail.len() as u64,
+            Layout::Chunked { map, .. } => base.div_ceil(4) * 4 + 4 * map.len() as u64,
+            Layout::Plain { .. } if content_inline[id] => base + sizes[id] % bs,
+            Layout::Plain { .. } => base,
+        }
+    };
+    let mut nid_off = vec![0u64; n]; // byte offset inside the metadata region
+    let mut open: Vec<(u64, u64)> = Vec::new(); // (block index, used bytes)
+    let mut meta_blocks = 0u64;
+    const OPEN_LIMIT: usize = 16;
+    for id in 0..n {
+        let len = record_len(id).div_ceil(32) * 32;
+        let has_inline = matches!(layouts[id], Layout::Inline { .. }) || content_inline[id];
+        if len > bs {
+            if has_inline {
+                return Err(BuildError::Invalid {
+                    path: String::from_utf8_lossy(&tree.nodes[id].rel)
+                        .into_owned()
+                        .into(),
+                    what: "inline record larger than a block".into(),
+                });
+            }
+            nid_off[id] = meta_blocks * bs;
+            meta_blocks += len.div_ceil(bs);
+            continue;
+        }
+        // Root first and alone at offset 0 of block 0 so its nid fits 16 bits.
+        let slot = open.iter_mut().find(|(_, used)| *used + len <= bs);
+        match slot {
+            Some((blk, used)) => {
+                nid_off[id] = *blk * bs + *used;
+                *used += len;
+            }
+            None => {
+                nid_off[id] = meta_blocks * bs;
+                open.push((meta_blocks, len));
+                meta_blocks += 1;
+                if open.len() > OPEN_LIMIT {
+                    open.remove(0);
+                }
+            }
+        }
+        open.retain(|(_, used)| bs - *used >= 32);
+    }
+    let meta_blkaddr = data_end;
+    let nid_of = |id: InodeId| nid_off[id] / 32;
+    if nid_of(tree.root) > 0xFFFF {
+        return Err(BuildError::TooLarge("root nid does not fit 16 bits".into()));
+    }
+    let shared_blk = meta_blkaddr + meta_blocks;
+    let shared_blocks = (xplan.shared_area.len() as u64).div_ceil(bs);
+    let mut blob_blk = shared_blk + shared_blocks;
+
+    // Directory and symlink full blocks after the metadata.
+    let mut blobs: Vec<Blob> = Vec::new();
+    for (id, nd) in tree.nodes.iter().enumerate() {
+        let content: Option<Vec<u8>> = match &nd.kind {
+            Kind::Dir { .. } => {
+                let (es, blocks, size) = dir_entries[id]
+                    .as_ref()
+                    .map(|(a, b, c)| (a, b, *c))
+                    .ok_or_else(|| {
+                        BuildError::Options("internal: directory without entries".into())
+                    })?;
+                let mut v = Vec::with_capacity(size as usize);
+                for (i, r) in blocks.iter().enumerate() {
+                    let mut b = dir::encode_block(&es[r.clone()], &|c| nid_of(c));
+                    if i + 1 < blocks.len() {
+                        b.resize(bs as usize, 0);
+                    }
+                    v.extend_from_slice(&b);
+                }
+                Some(v)
+            }
+            Kind::Symlink { target } => Some(target.clone()),
+            _ => None,
+        };
+        if let Some(bytes) = content {
+            let full = if content_inline[id] {
+                bytes.len() as u64 / bs * bs
+            } else {
+                bytes.len() as u64
+            };
+            let tail = bytes[full as usize..].to_vec();
+            let startblk = if full > 0 {
+                let s = blob_blk;
+                blob_blk += full.div_ceil(bs);
+                blobs.push(Blob {
+                    id,
+                    bytes: bytes[..full as usize].to_vec(),
+                });
+                Some(s)
+            } else {
+                None
+            };
+            layouts[id] = if content_inline[id] {
+                Layout::Inline { startblk, tail }
+            } else {
+                Layout::Plain {
+                    startblk: startblk.unwrap_or(0),
+                }
+            };
+        }
+    }
+    let total_blocks = blob_blk;
+
+    // Stage 5: write metadata.
+    let mut meta = vec![0u8; (meta_blocks * bs) as usize];
+    for (id, nd) in tree.nodes.iter().enumerate() {
+        let ext = extended[id];
+        let (layout, u) = match &layouts[id] {
+            Layout::Plain { startblk } => (DataLayout::FlatPlain, *startblk),
+            Layout::Inline { startblk, .. } => (
+                DataLayout::FlatInline,
+                startblk.unwrap_or(u64::from(u32::MAX)),
+            ),
+            Layout::Chunked { chunk_rel, .. } => (DataLayout::ChunkBased, u64::from(*chunk_rel)),
+        };
+        let u = match nd.kind {
+            Kind::Device { rdev } => u64::from(rdev),
+            Kind::Fifo | Kind::Socket => 0,
+            _ => u,
+        };
+        let u32v = u32::try_from(u)
+            .map_err(|_| BuildError::TooLarge("block address beyond 2^32 blocks".into()))?;
+        let area = &xplan.ibody[id];
+        let core = InodeCore {
+            format: make_format(ext, layout, false),
+            xattr_icount: xattr_icount_for(area.len()).unwrap_or(0),
+            mode: nd.mode,
+            nb: if ext { 0 } else { nd.nlink as u16 },
+            size: sizes[id],
+            mtime: if ext { nd.mtime } else { 0 },
+            mtime_nsec: if ext { nd.mtime_nsec } else { 0 },
+            u: u32v,
+            ino: (id + 1) as u32,
+            uid: nd.uid,
+            gid: nd.gid,
+            nlink_ext: nd.nlink,
+        };
+        let mut rec: Vec<u8> = if ext {
+            core.encode_extended().to_vec()
+        } else {
+            core.encode_compact().to_vec()
+        };
+        rec.extend_from_slice(area);
+        match &layouts[id] {
+            Layout::Inline { tail, .. } => rec.extend_from_slice(tail),
+            Layout::Chunked { map, .. } => {
+                rec.resize(rec.len().div_ceil(4) * 4, 0);
+                for m in map {
+                    rec.extend_from_slice(&m.to_le_bytes());
+                }
+            }
+            Layout::Plain { .. } => {}
+        }
+        let off = nid_off[id] as usize;
+        meta[off..off + rec.len()].copy_from_slice(&rec);
+    }
+    out.write_at(meta_blkaddr * bs, &meta)?;
+    if !xplan.shared_area.is_empty() {
+        out.write_at(shared_blk * bs, &xplan.shared_area)?;
+    }
+    for b in &blobs {
+        let start = match &layouts[b.id] {
+            Layout::Plain { startblk } => *startblk,
+            Layout::Inline { startblk, .. } => startblk.unwrap_or(0),
+            Layout::Chunked { .. } => 0,
+        };
+        let mut bytes = b.bytes.clone();
+        bytes.resize((bytes.len() as u64).div_ceil(bs) as usize * bs as usize, 0);
+        out.write_at(start * bs, &bytes)?;
+    }
+
+    // Superblock, checksum last.
+    let mut feature_incompat = 0;
+    if layouts.iter().any(|l| matches!(l, Layout::Chunked { .. })) {
+        feature_incompat |= INCOMPAT_CHUNKED_FILE;
+    }
+    let mut sb = Superblock {
+        magic: MAGIC,
+        feature_compat: COMPAT_SB_CHKSUM
+            | COMPAT_MTIME
+            | if xplan.any { COMPAT_XATTR_FILTER } else { 0 },
+        blkszbits: bits,
+        rootnid_2b: nid_of(tree.root) as u16,
+        inos: n as u64,
+        epoch: build_time as u64,
+        blocks_lo: u32::try_from(total_blocks)
+            .map_err(|_| BuildError::TooLarge("more than 2^32 blocks".into()))?,
+        meta_blkaddr: u32::try_from(meta_blkaddr)
+            .map_err(|_| BuildError::TooLarge("metadata beyond 2^32 blocks".into()))?,
+        xattr_blkaddr: u32::try_from(shared_blk).unwrap_or(0),
+        feature_incompat,
+        ..Default::default()
+    };
+    if let Some(l) = &o.label {
+        sb.volume_name[..l.len()].copy_from_slice(l.as_bytes());
+    }
+    sb.uuid = match o.uuid {
+        UuidChoice::Fixed(u) => u,
+        UuidChoice::Random => {
+            let mut u = [0u8; 16];
+            getrandom::fill(&mut u)
+                .map_err(|e| BuildError::Options(format!("random uuid: {e}")))?;
+            set_v4(u)
+        }
+        UuidChoice::Derived => {
+            let mut h = out.content_hash().to_vec();
+            h.extend_from_slice(&sb.encode());
+            let d: [u8; 32] =
+                sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(&h)).into();
+            let mut u = [0u8; 16];
+            u.copy_from_slice(&d[..16]);
+            set_v4(u)
+        }
+    };
+    let mut block0 = vec![
+        0u8;
+        (bs as usize)
+            .max(4096)
+            .min(first_blk as usize * bs as usize)
+            .max(checksum_len(bs as u32) + SB_OFFSET as usize)
+    ];
+    block0.truncate((first_blk * bs) as usize);
+    let sbb = sb.encode();
+    let sbo = SB_OFFSET as usize;
+    block0[sbo..sbo + sbb.len()].copy_from_slice(&sbb);
+    let clen = checksum_len(bs as u32);
+    let csum = compute_checksum(&block0[sbo..sbo + clen]);
+    block0[sbo + 4..sbo + 8].copy_from_slice(&csum.to_le_bytes());
+    out.write_at(0, &block0)?;
+    out.set_len(total_blocks * bs)?;
+    out.finish()?;
+
+    let mut r = BuildReport {
+        inodes: n as u64,
+        bytes_in,
+        image_bytes: total_blocks * bs,
+        blocks: total_blocks,
+        uuid: sb.uuid,
+        build_time,
+        ..Default::default()
+    };
+    for nd in &tree.nodes {
+        match nd.kind {
+            Kind::Dir { .. } => r.directories += 1,
+            Kind::File { .. } => r.files += 1,
+            Kind::Symlink { .. } => r.symlinks += 1,
+            _ => r.special += 1,
+        }
+    }
+    Ok(r)
+}
+
+fn set_v4(mut u: [u8; 16]) -> [u8; 16] {
+    u[6] = (u[6] & 0x0F) | 0x40;
+    u[8] = (u[8] & 0x3F) | 0x80;
+    u
+}

@@ -71,7 +71,10 @@ fn parse_uuid(s: &str) -> Result<UuidChoice> {
 pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
     let mut o = BuildOptions::default();
     if !(512..=4096).contains(&a.block_size) || !a.block_size.is_power_of_two() {
-        bail!("--block-size must be 512, 1024, 2048 or 4096 (got {})", a.block_size);
+        bail!(
+            "--block-size must be 512, 1024, 2048 or 4096 (got {})",
+            a.block_size
+        );
     }
     o.block_size = a.block_size;
     o.all_root = a.all_root;

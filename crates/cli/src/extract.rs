@@ -94,12 +94,28 @@ pub fn run(a: ExtractArgs) -> Result<()> {
                     }
                 }
             }
-            entries.push(Entry { rel, ino: ino.clone(), link_to, depth });
+            entries.push(Entry {
+                rel,
+                ino: ino.clone(),
+                link_to,
+                depth,
+            });
             Ok(())
         })?;
     } else {
-        let name = a.path.rsplit('/').next().unwrap_or("file").as_bytes().to_vec();
-        entries.push(Entry { rel: name, ino: top, link_to: None, depth: 1 });
+        let name = a
+            .path
+            .rsplit('/')
+            .next()
+            .unwrap_or("file")
+            .as_bytes()
+            .to_vec();
+        entries.push(Entry {
+            rel: name,
+            ino: top,
+            link_to: None,
+            depth: 1,
+        });
     }
 
     // 2. Directories (0700 while we fill them).
@@ -148,7 +164,11 @@ pub fn run(a: ExtractArgs) -> Result<()> {
                 )
                 .with_context(|| format!("mknod {}", p.display()))?;
             }
-            _ => bail!("{}: unknown file type {:o}", bytes_display(&e.rel), e.ino.mode),
+            _ => bail!(
+                "{}: unknown file type {:o}",
+                bytes_display(&e.rel),
+                e.ino.mode
+            ),
         }
     }
 
@@ -175,7 +195,11 @@ fn write_file(img: &Image, ino: &Inode, p: &Path) -> Result<()> {
             .read_at(ino, off, &mut buf)
             .with_context(|| format!("{}: read at offset {off}", p.display()))?;
         if n == 0 {
-            bail!("{}: image data ends at {off}, size is {}", p.display(), ino.size);
+            bail!(
+                "{}: image data ends at {off}, size is {}",
+                p.display(),
+                ino.size
+            );
         }
         let chunk = &buf[..n];
         if chunk.iter().all(|&b| b == 0) {
@@ -203,8 +227,9 @@ fn apply_meta(img: &Image, e: &Entry, a: &ExtractArgs) -> Result<()> {
     }
     if !a.no_xattrs {
         for x in img.xattrs(&e.ino)? {
-            xattr::set(&p, OsStr::from_bytes(&x.name), &x.value)
-                .with_context(|| format!("{}: set xattr {}", p.display(), bytes_display(&x.name)))?;
+            xattr::set(&p, OsStr::from_bytes(&x.name), &x.value).with_context(|| {
+                format!("{}: set xattr {}", p.display(), bytes_display(&x.name))
+            })?;
         }
     }
     if !is_link {
@@ -224,7 +249,10 @@ fn apply_meta(img: &Image, e: &Entry, a: &ExtractArgs) -> Result<()> {
     rustix::fs::utimensat(
         rustix::fs::CWD,
         &p,
-        &rustix::fs::Timestamps { last_access: t, last_modification: t },
+        &rustix::fs::Timestamps {
+            last_access: t,
+            last_modification: t,
+        },
         rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
     )
     .with_context(ctx)?;

@@ -135,7 +135,10 @@ mod tests {
     fn times() {
         assert_eq!(time_string(0, 0), "1970-01-01T00:00:00Z");
         assert_eq!(time_string(-1, 0), "1969-12-31T23:59:59Z");
-        assert_eq!(time_string(1_700_000_000, 5), "2023-11-14T22:13:20.000000005Z");
+        assert_eq!(
+            time_string(1_700_000_000, 5),
+            "2023-11-14T22:13:20.000000005Z"
+        );
         assert_eq!(time_string(4_102_444_800, 0), "2100-01-01T00:00:00Z");
     }
 }

@@ -82,11 +82,16 @@ pub fn inspect(image: &Path, json_out: bool) -> Result<()> {
     let compat = names(sb.feature_compat, &COMPAT_NAMES);
     let incompat = names(sb.feature_incompat, &INCOMPAT_NAMES);
     let algs: Vec<&str> = if sb.has_incompat(INCOMPAT_COMPR_CFGS) {
-        [(ALG_LZ4, "lz4"), (ALG_LZMA, "lzma"), (ALG_DEFLATE, "deflate"), (ALG_ZSTD, "zstd")]
-            .iter()
-            .filter(|(a, _)| sb.u1 & (1 << a) != 0)
-            .map(|(_, n)| *n)
-            .collect()
+        [
+            (ALG_LZ4, "lz4"),
+            (ALG_LZMA, "lzma"),
+            (ALG_DEFLATE, "deflate"),
+            (ALG_ZSTD, "zstd"),
+        ]
+        .iter()
+        .filter(|(a, _)| sb.u1 & (1 << a) != 0)
+        .map(|(_, n)| *n)
+        .collect()
     } else if c.compressed_files > 0 || sb.has_incompat(INCOMPAT_ZERO_PADDING) {
         vec!["lz4"]
     } else {
@@ -131,14 +136,30 @@ pub fn inspect(image: &Path, json_out: bool) -> Result<()> {
     writeln!(out, "Filesystem UUID:   {}", uuid_string(&sb.uuid))?;
     writeln!(out, "Label:             {}", bytes_display(sb.label()))?;
     writeln!(out, "Block size:        {blksz}")?;
-    writeln!(out, "Blocks:            {blocks} ({} bytes; file is {image_bytes} bytes)", blocks * blksz)?;
+    writeln!(
+        out,
+        "Blocks:            {blocks} ({} bytes; file is {image_bytes} bytes)",
+        blocks * blksz
+    )?;
     writeln!(out, "Root nid:          {root}")?;
     writeln!(out, "Inodes:            {}", sb.inos)?;
     writeln!(out, "Meta block addr:   {}", sb.meta_blkaddr)?;
-    writeln!(out, "Build time:        {}", time_string(build_time as i64, sb.fixed_nsec))?;
+    writeln!(
+        out,
+        "Build time:        {}",
+        time_string(build_time as i64, sb.fixed_nsec)
+    )?;
     writeln!(out, "Compat features:   {}", compat.join(" "))?;
     writeln!(out, "Incompat features: {}", incompat.join(" "))?;
-    writeln!(out, "Compression:       {}", if algs.is_empty() { "none".into() } else { algs.join(" ") })?;
+    writeln!(
+        out,
+        "Compression:       {}",
+        if algs.is_empty() {
+            "none".into()
+        } else {
+            algs.join(" ")
+        }
+    )?;
     writeln!(
         out,
         "Contents:          {} files ({} bytes, {} compressed), {} directories, {} symlinks, {} special, {} xattrs, {} extended inodes",
@@ -184,12 +205,13 @@ pub fn check(image: &Path, verbose: bool) -> Result<()> {
         if u64::from(*nlink) != *seen {
             warnings += 1;
             if warnings <= 20 {
-                let _ = writeln!(err, "warning: nid {nid}: nlink {nlink} but {seen} directory entries");
+                let _ = writeln!(
+                    err,
+                    "warning: nid {nid}: nlink {nlink} but {seen} directory entries"
+                );
             }
         }
     }
-    println!(
-        "ok: {entries} entries, {bytes} bytes of file data read, {warnings} warnings"
-    );
+    println!("ok: {entries} entries, {bytes} bytes of file data read, {warnings} warnings");
     Ok(())
 }

@@ -61,7 +61,10 @@ pub fn ls(image: &Path, path: &str, json_out: bool, all: bool) -> Result<()> {
     };
     let mut out = std::io::stdout().lock();
     if json_out {
-        let arr: Result<Vec<Value>> = entries.iter().map(|(n, i)| entry_json(&img, n, i)).collect();
+        let arr: Result<Vec<Value>> = entries
+            .iter()
+            .map(|(n, i)| entry_json(&img, n, i))
+            .collect();
         writeln!(out, "{}", serde_json::to_string_pretty(&arr?)?)?;
         return Ok(());
     }
@@ -107,7 +110,10 @@ pub fn cat(image: &Path, path: &str) -> Result<()> {
             .read_at(&ino, off, &mut buf)
             .with_context(|| format!("{path}: read at offset {off}"))?;
         if n == 0 {
-            anyhow::bail!("{path}: unexpected end of data at offset {off} (size {})", ino.size);
+            anyhow::bail!(
+                "{path}: unexpected end of data at offset {off} (size {})",
+                ino.size
+            );
         }
         out.write_all(&buf[..n])?;
         off += n as u64;

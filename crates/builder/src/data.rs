@@ -1,0 +1,208 @@
+//! Stage 2, data: regular-file contents go to the data region, file by file in inode
+//! order, block aligned, streamed (a file is never held in memory whole). Holes found
+//! with SEEK_DATA/SEEK_HOLE become null chunks of a chunk-based layout.
+
+use crate::options::*;
+use crate::out::Out;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+/// Where a file's data went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileData {
+    /// No data blocks (empty file, or everything inline).
+    Empty,
+    /// `nblocks` contiguous blocks from `startblk`; `tail` (if any) is to be inlined.
+    Flat {
+        startblk: u64,
+        nblocks: u64,
+        tail: Vec<u8>,
+    },
+    /// Chunk-based: chunk size = blksz << `chunk_rel`; block map (u32::MAX = hole).
+    Chunked { chunk_rel: u8, map: Vec<u32> },
+}
+
+/// Writes file data at increasing block numbers.
+pub struct DataWriter<'a> {
+    pub out: &'a mut Out,
+    pub blkszbits: u8,
+    pub next_blk: u64,
+    pub buf: Vec<u8>,
+}
+
+const IO_CHUNK: usize = 1 << 20;
+
+impl DataWriter<'_> {
+    fn blksz(&self) -> u64 {
+        1 << self.blkszbits
+    }
+
+    /// Copy `len` bytes of `f` from `off` to the next blocks (zero-padding the last one).
+    fn copy(&mut self, f: &File, path: &Path, mut off: u64, len: u64) -> Result<u64> {
+        let start = self.next_blk;
+        let mut pos = start << self.blkszbits;
+        let end = off + len;
+        self.buf.resize(IO_CHUNK, 0);
+        while off < end {
+            let n = (end - off).min(IO_CHUNK as u64) as usize;
+            let buf = &mut self.buf[..n];
+            f.read_exact_at(buf, off).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    BuildError::Invalid {
+                        path: path.to_path_buf(),
+                        what: "file shrank while it was being read".into(),
+                    }
+                } else {
+                    io_err(path, "data: read")(e)
+                }
+            })?;
+            let padded = (n as u64).div_ceil(self.blksz()) * self.blksz();
+            if padded as usize != n {
+                self.buf.resize(padded as usize, 0);
+                self.buf[n..].fill(0);
+            }
+            let chunk = std::mem::take(&mut self.buf);
+            self.out.write_at(pos, &chunk[..padded as usize])?;
+            self.buf = chunk;
+            self.buf.resize(IO_CHUNK, 0);
+            pos += padded;
+            off += n as u64;
+        }
+        let nblocks = len.div_ceil(self.blksz());
+        self.next_blk = start + nblocks;
+        Ok(start)
+    }
+
+    /// Store one regular file. `inline_tail`: whether its tail may go behind the inode.
+    pub fn store_file(&mut self, path: &Path, size: u64, inline_tail: bool) -> Result<FileData> {
+        if size == 0 {
+            return Ok(FileData::Empty);
+        }
+        let f = File::open(path).map_err(io_err(path, "data: open"))?;
+        let bs = self.blksz();
+        if let Some(segs) = data_segments(&f, size) {
+            if let Some(d) = self.store_chunked(&f, path, size, &segs)? {
+                return Ok(d);
+            }
+        }
+        let tail_len = if inline_tail { size % bs } else { 0 };
+        let body = size - tail_len;
+        let startblk = if body > 0 {
+            self.copy(&f, path, 0, body)?
+        } else {
+            0
+        };
+        let mut tail = vec![0u8; tail_len as usize];
+        if tail_len > 0 {
+            f.read_exact_at(&mut tail, body)
+                .map_err(io_err(path, "data: read"))?;
+        }
+        Ok(FileData::Flat {
+            startblk,
+            nblocks: body.div_ceil(bs),
+            tail,
+        })
+    }
+
+    /// Chunk-based layout when the file has holes of at least one chunk. Returns None
+    /// when no chunk would be a hole (then a flat layout is better).
+    fn store_chunked(
+        &mut self,
+        f: &File,
+        path: &Path,
+        size: u64,
+        segs: &[(u64, u64)],
+    ) -> Result<Option<FileData>> {
+        let bits = self.blkszbits;
+        let bs = self.blksz();
+        // Block-aligned data extents.
+        let ext: Vec<(u64, u64)> = segs
+            .iter()
+            .map(|&(s, e)| (s / bs * bs, e.div_ceil(bs) * bs))
+            .collect();
+        // Largest chunk size (power of two >= block, <= 2^31 blocks) aligned to every
+        // extent boundary, so that chunks are either all data or all hole.
+        let rounded = size.div_ceil(bs) * bs;
+        let mut align: u64 = 1 << 62;
+        for &(s, e) in &ext {
+            for b in [s, e] {
+                if b != 0 && b < rounded {
+                    align = align.min(1 << b.trailing_zeros());
+                }
+            }
+        }
+        let max_rel = 31u32.min(62 - u32::from(bits));
+        let mut rel = 0u32;
+        while rel < max_rel && (bs << (rel + 1)) <= align && (bs << (rel + 1)) < rounded.max(bs) * 2
+        {
+            rel += 1;
+        }
+        let cs = bs << rel;
+        let nchunks = size.div_ceil(cs);
+        let mut map = Vec::with_capacity(usize::try_from(nchunks).unwrap_or(0));
+        let mut any_hole = false;
+        let mut k = 0usize;
+        for c in 0..nchunks {
+            let cstart = c * cs;
+            let cend = (cstart + cs).min(rounded);
+            while k < ext.len() && ext[k].1 <= cstart {
+                k += 1;
+            }
+            let has_data = k < ext.len() && ext[k].0 < cend;
+            if !has_data {
+                any_hole = true;
+                map.push(u32::MAX);
+                continue;
+            }
+            let len = (cend.min(size)) - cstart;
+            let blk = self.copy(f, path, cstart, len)?;
+            let blk = u32::try_from(blk).map_err(|_| {
+                BuildError::TooLarge("chunk block address beyond 2^32 blocks".into())
+            })?;
+            map.push(blk);
+        }
+        if !any_hole {
+            // Undo: rewrite as flat (the blocks we wrote are contiguous anyway).
+            let first = map.first().copied().unwrap_or(0);
+            return Ok(Some(FileData::Flat {
+                startblk: u64::from(first),
+                nblocks: size.div_ceil(bs),
+                tail: Vec::new(),
+            }));
+        }
+        Ok(Some(FileData::Chunked {
+            chunk_rel: rel as u8,
+            map,
+        }))
+    }
+}
+
+/// Data segments [start, end) of a file by SEEK_DATA/SEEK_HOLE, or None when the file
+/// has no hole (or the filesystem cannot tell).
+pub fn data_segments(f: &File, size: u64) -> Option<Vec<(u64, u64)>> {
+    use rustix::fs::{seek, SeekFrom};
+    let first_hole = seek(f, SeekFrom::Hole(0)).ok()?;
+    if first_hole >= size {
+        return None;
+    }
+    let mut segs = Vec::new();
+    let mut pos = 0u64;
+    // Bounded by the number of data segments, each iteration advances pos.
+    while pos < size {
+        let d = match seek(f, SeekFrom::Data(pos)) {
+            Ok(d) => d,
+            Err(_) => break, // ENXIO: no more data
+        };
+        if d >= size {
+            break;
+        }
+        let h = seek(f, SeekFrom::Hole(d)).ok()?.min(size);
+        if h <= d {
+            return None;
+        }
+        segs.push((d, h));
+        pos = h;
+    }
+    Some(segs)
+}

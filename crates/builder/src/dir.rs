@@ -1,0 +1,61 @@
+//! Directory contents: entries ("." and ".." included) sorted bytewise, packed greedily
+//! into blocks (an entry never spans blocks), names after the dirent array.
+
+use ferofs_format::dirent::{Dirent, DIRENT_SIZE};
+
+/// Entries of one directory: (name, target inode id, file type).
+pub type DirEntries = Vec<(Vec<u8>, usize, u8)>;
+
+/// Split sorted entries into blocks; returns the index ranges and the directory size.
+pub fn layout(entries: &DirEntries, blksz: usize) -> (Vec<std::ops::Range<usize>>, u64) {
+    let mut blocks = Vec::new();
+    let mut start = 0;
+    let mut used = 0usize;
+    for (i, (name, _, _)) in entries.iter().enumerate() {
+        let need = DIRENT_SIZE + name.len();
+        if used + need > blksz {
+            blocks.push(start..i);
+            start = i;
+            used = 0;
+        }
+        used += need;
+    }
+    blocks.push(start..entries.len());
+    let size = (blocks.len() as u64 - 1) * blksz as u64 + used as u64;
+    (blocks, size)
+}
+
+/// Encode one directory block (exactly its used bytes; the caller zero-pads full blocks).
+pub fn encode_block(entries: &[(Vec<u8>, usize, u8)], nid_of: &dyn Fn(usize) -> u64) -> Vec<u8> {
+    let mut head = Vec::with_capacity(entries.len() * DIRENT_SIZE);
+    let mut names = Vec::new();
+    let base = entries.len() * DIRENT_SIZE;
+    for (name, id, ft) in entries {
+        let d = Dirent {
+            nid: nid_of(*id),
+            nameoff: (base + names.len()) as u16,
+            file_type: *ft,
+        };
+        head.extend_from_slice(&d.encode());
+        names.extend_from_slice(name);
+    }
+    head.extend_from_slice(&names);
+    head
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn packs_greedily() {
+        let mut e: DirEntries = vec![(b".".to_vec(), 0, 2), (b"..".to_vec(), 0, 2)];
+        for i in 0..300u32 {
+            e.push((format!("name-{i:05}").into_bytes(), 1, 1));
+        }
+        e.sort();
+        let (blocks, size) = layout(&e, 4096);
+        // "." (13) + ".." (14) + 184 names of 22 bytes fill block 0.
+        assert_eq!(blocks[0].len(), 186);
+        assert_eq!(size, 4096 + 116 * 22);
+    }
+}

@@ -1,0 +1,107 @@
+//! Build options and errors.
+
+use std::path::PathBuf;
+
+/// How the filesystem UUID is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UuidChoice {
+    /// Derived from a hash of the image content (reproducible). The default.
+    #[default]
+    Derived,
+    Fixed([u8; 16]),
+    Random,
+}
+
+/// Everything that shapes an image. Built from CLI flags in one place (the CLI) and
+/// passed by value: no globals, so two builds can run in one process.
+#[derive(Debug, Clone)]
+pub struct BuildOptions {
+    /// 512..=4096, a power of two.
+    pub block_size: u32,
+    pub all_root: bool,
+    pub force_uid: Option<u32>,
+    pub force_gid: Option<u32>,
+    /// Paths relative to the source root; a directory excludes its subtree.
+    pub exclude_paths: Vec<PathBuf>,
+    /// Matched against the path relative to the source root (no leading '/').
+    pub exclude_regex: Vec<regex::Regex>,
+    /// At most 15 bytes.
+    pub label: Option<String>,
+    pub uuid: UuidChoice,
+    /// `-T`: build time, and every inode's mtime.
+    pub timestamp: Option<i64>,
+    /// `SOURCE_DATE_EPOCH`: build time; newer mtimes are clamped down to it.
+    pub source_date_epoch: Option<i64>,
+    /// Every inode gets the build time as mtime (compact inodes).
+    pub ignore_mtime: bool,
+    /// Inline file tails behind the inode (default true).
+    pub inline_data: bool,
+    /// Worker threads, 0 = all cores. Never changes the output.
+    pub threads: usize,
+}
+
+impl Default for BuildOptions {
+    fn default() -> Self {
+        BuildOptions {
+            block_size: 4096,
+            all_root: false,
+            force_uid: None,
+            force_gid: None,
+            exclude_paths: Vec::new(),
+            exclude_regex: Vec::new(),
+            label: None,
+            uuid: UuidChoice::Derived,
+            timestamp: None,
+            source_date_epoch: None,
+            ignore_mtime: false,
+            inline_data: true,
+            threads: 0,
+        }
+    }
+}
+
+/// What went wrong, naming the source path and the stage.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("{stage}: {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        stage: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {what}", path.display())]
+    Invalid { path: PathBuf, what: String },
+    #[error("invalid options: {0}")]
+    Options(String),
+    #[error("image too large: {0}")]
+    TooLarge(String),
+}
+
+pub type Result<T, E = BuildError> = std::result::Result<T, E>;
+
+pub(crate) fn io_err<'a>(
+    path: &'a std::path::Path,
+    stage: &'static str,
+) -> impl FnOnce(std::io::Error) -> BuildError + 'a {
+    move |source| BuildError::Io {
+        path: path.to_path_buf(),
+        stage,
+        source,
+    }
+}
+
+/// What a build produced.
+#[derive(Debug, Clone, Default)]
+pub struct BuildReport {
+    pub inodes: u64,
+    pub directories: u64,
+    pub files: u64,
+    pub symlinks: u64,
+    pub special: u64,
+    pub bytes_in: u64,
+    pub image_bytes: u64,
+    pub blocks: u64,
+    pub uuid: [u8; 16],
+    pub build_time: i64,
+}

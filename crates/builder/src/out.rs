@@ -1,0 +1,82 @@
+//! The output file: a temporary file beside the target, positioned writes, a running
+//! content hash (for the derived UUID), and rename-on-success.
+
+use crate::options::*;
+use sha2::{Digest, Sha256};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+pub struct Out {
+    file: File,
+    tmp: PathBuf,
+    target: PathBuf,
+    hasher: Sha256,
+    done: bool,
+}
+
+impl Out {
+    pub fn create(target: &Path) -> Result<Self> {
+        let dir = match target.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let name = target
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "image".into());
+        let tmp = dir.join(format!(".{name}.ferofs-tmp-{}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(io_err(&tmp, "create output"))?;
+        Ok(Out {
+            file,
+            tmp,
+            target: target.to_path_buf(),
+            hasher: Sha256::new(),
+            done: false,
+        })
+    }
+
+    /// Write `data` at byte `off`; hashed in call order (which is deterministic).
+    pub fn write_at(&mut self, off: u64, data: &[u8]) -> Result<()> {
+        self.hasher.update(off.to_le_bytes());
+        self.hasher.update(data);
+        self.file
+            .write_all_at(data, off)
+            .map_err(io_err(&self.tmp, "write output"))
+    }
+
+    /// Hash of everything written so far.
+    pub fn content_hash(&self) -> [u8; 32] {
+        self.hasher.clone().finalize().into()
+    }
+
+    pub fn set_len(&mut self, len: u64) -> Result<()> {
+        self.file
+            .set_len(len)
+            .map_err(io_err(&self.tmp, "size output"))
+    }
+
+    /// fsync and rename over the target.
+    pub fn finish(mut self) -> Result<()> {
+        self.file
+            .sync_all()
+            .map_err(io_err(&self.tmp, "sync output"))?;
+        std::fs::rename(&self.tmp, &self.target).map_err(io_err(&self.target, "rename output"))?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for Out {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! Xattr plan: which attributes are shared (stored once, referenced by id) and the
+//! inline area of every inode, with its bloom filter.
+
+use crate::scan::Tree;
+use ferofs_format::inode::xattr_icount_for;
+use ferofs_format::xattr::*;
+use std::collections::HashMap;
+
+/// An attribute is shared when more than this many inodes carry it (as mkfs.erofs).
+pub const SHARE_THRESHOLD: usize = 2;
+
+pub struct XattrPlan {
+    /// The shared area, entries back to back (ids are offsets / 4 into it).
+    pub shared_area: Vec<u8>,
+    /// Per inode: the inline area (empty when the inode has no xattrs) and whether it
+    /// has a non-empty filter.
+    pub ibody: Vec<Vec<u8>>,
+    pub any: bool,
+}
+
+fn encode(name: &[u8], value: &[u8]) -> Vec<u8> {
+    let (idx, suffix) = split_name(name).unwrap_or((0, name));
+    encode_entry(idx, suffix, value).unwrap_or_default()
+}
+
+pub fn plan(tree: &Tree) -> XattrPlan {
+    let mut counts: HashMap<(&[u8], &[u8]), usize> = HashMap::new();
+    for n in &tree.nodes {
+        for (k, v) in &n.xattrs {
+            *counts.entry((k.as_slice(), v.as_slice())).or_default() += 1;
+        }
+    }
+    // Shared entries sorted by (name, value) for reproducibility.
+    let mut shared: Vec<(&[u8], &[u8])> = counts
+        .iter()
+        .filter(|(_, &c)| c > SHARE_THRESHOLD)
+        .map(|(k, _)| *k)
+        .collect();
+    shared.sort();
+    let mut shared_area = Vec::new();
+    let mut ids: HashMap<(&[u8], &[u8]), u32> = HashMap::new();
+    for (k, v) in &shared {
+        ids.insert((k, v), (shared_area.len() / 4) as u32);
+        shared_area.extend_from_slice(&encode(k, v));
+    }
+    let mut any = false;
+    let ibody = tree
+        .nodes
+        .iter()
+        .map(|n| {
+            if n.xattrs.is_empty() {
+                return Vec::new();
+            }
+            any = true;
+            let mut mask = 0u32;
+            let mut sids = Vec::new();
+            let mut inline = Vec::new();
+            for (k, v) in &n.xattrs {
+                if let Some((idx, suffix)) = split_name(k) {
+                    mask |= 1 << filter_bit(idx, suffix);
+                }
+                match ids.get(&(k.as_slice(), v.as_slice())) {
+                    Some(&id) if sids.len() < 255 => sids.push(id),
+                    _ => inline.extend_from_slice(&encode(k, v)),
+                }
+            }
+            let h = IbodyHeader {
+                name_filter: !mask,
+                shared_count: sids.len() as u8,
+            };
+            let mut area = h.encode().to_vec();
+            for id in sids {
+                area.extend_from_slice(&id.to_le_bytes());
+            }
+            area.extend_from_slice(&inline);
+            // A header-only area (icount 1) is invalid: pad to the minimum.
+            if area.len() < 16 {
+                area.resize(16, 0);
+            }
+            debug_assert!(xattr_icount_for(area.len()).is_some());
+            area
+        })
+        .collect();
+    XattrPlan {
+        shared_area,
+        ibody,
+        any,
+    }
+}

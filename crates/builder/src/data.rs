@@ -121,23 +121,36 @@ impl DataWriter<'_> {
             .iter()
             .map(|&(s, e)| (s / bs * bs, e.div_ceil(bs) * bs))
             .collect();
-        // Largest chunk size (power of two >= block, <= 2^31 blocks) aligned to every
-        // extent boundary, so that chunks are either all data or all hole.
+        // Chunk size: the power of two (>= one block) that minimises what is stored:
+        // 4 bytes of block map per chunk plus every chunk that holds any data.
         let rounded = size.div_ceil(bs) * bs;
-        let mut align: u64 = 1 << 62;
-        for &(s, e) in &ext {
-            for b in [s, e] {
-                if b != 0 && b < rounded {
-                    align = align.min(1 << b.trailing_zeros());
+        let max_rel = 31u32.min(62 - u32::from(bits));
+        let mut best: Option<(u64, u32)> = None;
+        for rel in 0..=max_rel {
+            let cs = bs << rel;
+            let nchunks = size.div_ceil(cs);
+            let mut data_chunks = 0u64;
+            let mut last: Option<u64> = None;
+            for &(s, e) in &ext {
+                let (a, b) = (s / cs, (e - 1) / cs);
+                let a = match last {
+                    Some(l) if l >= a => l + 1,
+                    _ => a,
+                };
+                if b >= a {
+                    data_chunks += b - a + 1;
                 }
+                last = Some(last.map_or(b, |l| l.max(b)));
+            }
+            let cost = nchunks * 4 + data_chunks * cs;
+            if best.is_none_or(|(c, _)| cost < c) {
+                best = Some((cost, rel));
+            }
+            if cs >= rounded {
+                break;
             }
         }
-        let max_rel = 31u32.min(62 - u32::from(bits));
-        let mut rel = 0u32;
-        while rel < max_rel && (bs << (rel + 1)) <= align && (bs << (rel + 1)) < rounded.max(bs) * 2
-        {
-            rel += 1;
-        }
+        let rel = best.map_or(0, |(_, r)| r);
         let cs = bs << rel;
         let nchunks = size.div_ceil(cs);
         let mut map = Vec::with_capacity(usize::try_from(nchunks).unwrap_or(0));

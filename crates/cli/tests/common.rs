@@ -1,0 +1,50 @@
+//! Shared helpers for the CLI end-to-end tests.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+pub fn ferofs() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ferofs"))
+}
+
+/// Run ferofs with args; panic with its output unless it succeeds. Returns stdout.
+pub fn ok(args: &[&dyn AsRef<std::ffi::OsStr>]) -> String {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "ferofs {:?} failed: {}\n{}",
+        args.iter()
+            .map(|a| a.as_ref().to_string_lossy().into_owned())
+            .collect::<Vec<_>>(),
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn run(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
+    let mut c = ferofs();
+    for a in args {
+        c.arg(a.as_ref());
+    }
+    c.output().expect("run ferofs")
+}
+
+/// Build `src` into `img` with extra args.
+pub fn build(src: &Path, img: &Path, extra: &[&str]) {
+    let mut c = ferofs();
+    c.arg("build").arg("-q");
+    c.args(extra);
+    c.arg(src).arg(img);
+    let out = c.output().expect("run ferofs build");
+    assert!(
+        out.status.success(),
+        "ferofs build {extra:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+pub fn json(s: &str) -> serde_json::Value {
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("bad JSON ({e}): {s}"))
+}

@@ -1,0 +1,337 @@
+//! The builder's ultimate test: the Linux kernel mounts what we write and shows exactly
+//! the source tree (make-tree.py's digest covers every path, type, mode, owner, mtime to
+//! the nanosecond, size, content, symlink target, device number, xattr incl. ACLs and
+//! hardlink group). fsck.erofs must pass, and `ferofs extract` must give the same tree.
+
+mod common;
+use common::*;
+use ferofs_testkit::{
+    assert_same_tree, fsck_erofs, fsck_erofs_if_supported, kernel_available, make_tree, Mount,
+    Tmpfs,
+};
+use std::process::Command;
+
+#[test]
+fn make_tree_kernel_fsck_extract() {
+    if !kernel_available("make_tree_kernel_fsck_extract") {
+        return;
+    }
+    let (fs, tree) = make_tree();
+    let img = fs.path().join("tree.erofs");
+    build(&tree, &img, &[]);
+    {
+        let m = Mount::erofs(&img);
+        assert_same_tree(&tree, m.path());
+    }
+    fsck_erofs(&img).unwrap_or_else(|e| panic!("fsck.erofs failed:\n{e}"));
+    let x = fs.path().join("extracted");
+    ok(&[&"extract", &img, &x]);
+    assert_same_tree(&tree, &x);
+    let out = ok(&[&"check", &img]);
+    assert!(
+        out.starts_with("ok: 3240 entries, 122974063 bytes"),
+        "{out}"
+    );
+    // No xattr the source lacks (mkfs.erofs adds trusted.overlay.origin; we must not).
+    assert!(xattr::get(x.join("overlay"), "trusted.overlay.origin")
+        .expect("getxattr")
+        .is_none());
+}
+
+#[test]
+fn every_block_size_mounts() {
+    if !kernel_available("every_block_size_mounts") {
+        return;
+    }
+    let (fs, tree) = make_tree();
+    for bs in ["512", "1024", "2048"] {
+        let img = fs.path().join(format!("b{bs}.erofs"));
+        build(&tree, &img, &["-b", bs]);
+        let m = Mount::erofs(&img);
+        assert_same_tree(&tree, m.path());
+        drop(m);
+        fsck_erofs_if_supported(&img, bs.parse().expect("num"))
+            .unwrap_or_else(|e| panic!("fsck.erofs -b {bs} failed:\n{e}"));
+        let info = json(&ok(&[&"inspect", &"--json", &img]));
+        assert_eq!(info["block_size"], bs.parse::<u64>().expect("num"));
+        std::fs::remove_file(&img).expect("rm");
+    }
+}
+
+#[test]
+fn reproducible_for_any_thread_count() {
+    let (fs, tree) = make_tree();
+    let a = fs.path().join("a.erofs");
+    let b = fs.path().join("b.erofs");
+    let c = fs.path().join("c.erofs");
+    build(&tree, &a, &["-j", "1"]);
+    build(&tree, &b, &["-j", "2"]);
+    build(&tree, &c, &[]);
+    let (ba, bb, bc) = (
+        std::fs::read(&a).expect("a"),
+        std::fs::read(&b).expect("b"),
+        std::fs::read(&c).expect("c"),
+    );
+    assert!(ba == bb && bb == bc, "builds differ");
+    // Derived UUID: non-zero, version-4 layout, and the same for the same content.
+    let info = json(&ok(&[&"inspect", &"--json", &a]));
+    let uuid = info["uuid"].as_str().expect("uuid").to_string();
+    assert_ne!(uuid, "00000000-0000-0000-0000-000000000000");
+    assert_eq!(&uuid[14..15], "4");
+    // A random UUID changes only the UUID (and the checksum).
+    let r = fs.path().join("r.erofs");
+    build(&tree, &r, &["--uuid", "random"]);
+    let br = std::fs::read(&r).expect("r");
+    let diff: Vec<usize> = (0..ba.len()).filter(|&i| ba[i] != br[i]).collect();
+    assert!(
+        diff.iter()
+            .all(|&i| (1028..1032).contains(&i) || (1072..1088).contains(&i)),
+        "random uuid changed other bytes: {:?}",
+        &diff[..diff.len().min(10)]
+    );
+}
+
+/// A small tree with the cases the options touch.
+fn small_tree(root: &std::path::Path) {
+    let sh = format!(
+        r#"set -e
+cd {root}
+mkdir -p a/b keep skip
+printf 'hello\n' > a/hello.txt
+printf 'data' > a/b/file.bin
+printf 'x' > keep/one.txt
+printf 'y' > skip/two
+ln -s a/hello.txt link
+chown 1234:5678 a/hello.txt
+chown -h 4000000000:4000000001 link
+touch -h -d @4102444800 link
+touch -d @1600000000.123456789 a/hello.txt
+touch -d @1500000000 a/b/file.bin keep/one.txt skip/two
+touch -d @1500000000 a/b a keep skip .
+"#,
+        root = root.display()
+    );
+    ferofs_testkit::run(Command::new("sh").arg("-c").arg(sh));
+}
+
+#[test]
+fn options_behave() {
+    if !kernel_available("options_behave") {
+        return;
+    }
+    let fs = Tmpfs::new("64M");
+    let src = fs.path().join("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    small_tree(&src);
+    let img = fs.path().join("o.erofs");
+
+    // -T: build time and every mtime; every inode fits a compact inode except big ids.
+    build(
+        &src,
+        &img,
+        &[
+            "-T",
+            "1234567890",
+            "-L",
+            "demo-label",
+            "-U",
+            "01234567-89ab-cdef-0123-456789abcdef",
+        ],
+    );
+    let info = json(&ok(&[&"inspect", &"--json", &img]));
+    assert_eq!(info["build_time"], 1234567890);
+    assert_eq!(info["label"], "demo-label");
+    assert_eq!(info["uuid"], "01234567-89ab-cdef-0123-456789abcdef");
+    assert_eq!(
+        info["counts"]["extended_inodes"], 1,
+        "only the symlink with 32-bit ids needs 64 bytes"
+    );
+    {
+        let m = Mount::erofs(&img);
+        for p in ["a/hello.txt", "a/b/file.bin", "link", "a", "."] {
+            let md = std::fs::symlink_metadata(m.path().join(p)).expect("stat");
+            use std::os::unix::fs::MetadataExt;
+            assert_eq!((md.mtime(), md.mtime_nsec()), (1234567890, 0), "{p}");
+        }
+    }
+
+    // --all-root, --force-uid/--force-gid.
+    build(&src, &img, &["--all-root"]);
+    {
+        let m = Mount::erofs(&img);
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::symlink_metadata(m.path().join("link")).expect("stat");
+        assert_eq!((md.uid(), md.gid()), (0, 0));
+    }
+    build(
+        &src,
+        &img,
+        &["--force-uid", "77", "--force-gid", "4000000002"],
+    );
+    {
+        let m = Mount::erofs(&img);
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::symlink_metadata(m.path().join("a/hello.txt")).expect("stat");
+        assert_eq!((md.uid(), md.gid()), (77, 4000000002));
+    }
+
+    // Exclusions: a path (with its subtree) and a regex.
+    build(
+        &src,
+        &img,
+        &["--exclude-path", "skip", "--exclude-regex", r"\.txt$"],
+    );
+    {
+        let m = Mount::erofs(&img);
+        assert!(!m.path().join("skip").exists());
+        assert!(!m.path().join("a/hello.txt").exists());
+        assert!(!m.path().join("keep/one.txt").exists());
+        assert!(m.path().join("a/b/file.bin").exists());
+        assert!(m.path().join("keep").is_dir());
+    }
+
+    // SOURCE_DATE_EPOCH: build time, newer mtimes clamped, older kept to the ns.
+    let out = ferofs()
+        .env("SOURCE_DATE_EPOCH", "1550000000")
+        .args(["build", "-q"])
+        .arg(&src)
+        .arg(&img)
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let info = json(&ok(&[&"inspect", &"--json", &img]));
+    assert_eq!(info["build_time"], 1550000000);
+    {
+        let m = Mount::erofs(&img);
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::symlink_metadata(m.path().join("a/hello.txt")).expect("stat");
+        assert_eq!((md.mtime(), md.mtime_nsec()), (1550000000, 0), "clamped");
+        let md = std::fs::symlink_metadata(m.path().join("link")).expect("stat");
+        assert_eq!(md.mtime(), 1550000000, "clamped");
+        let md = std::fs::symlink_metadata(m.path().join("a/b/file.bin")).expect("stat");
+        assert_eq!(md.mtime(), 1500000000, "older mtimes are kept");
+    }
+
+    // --ignore-mtime: every inode shows the build time (newest mtime: 2100-01-01).
+    build(&src, &img, &["--ignore-mtime"]);
+    let info = json(&ok(&[&"inspect", &"--json", &img]));
+    assert_eq!(info["build_time"], 4102444800i64);
+    {
+        let m = Mount::erofs(&img);
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::symlink_metadata(m.path().join("a/hello.txt")).expect("stat");
+        assert_eq!(md.mtime(), 4102444800);
+    }
+    // -E noinline_data: file tails get their own blocks, the tree is the same.
+    build(&src, &img, &["-E", "noinline_data"]);
+    let st = json(&ok(&[&"stat", &"--json", &img, &"/a/hello.txt"]));
+    assert_eq!(st["layout"], "flat-plain");
+    let m = Mount::erofs(&img);
+    assert_same_tree(&src, m.path());
+}
+
+#[test]
+fn bad_options_are_refused() {
+    let fs = ferofs_testkit::scratch("badopt");
+    let img = fs.path().join("x.erofs");
+    for args in [
+        vec!["-b", "8192"],
+        vec!["-b", "1000"],
+        vec!["-L", "a-label-longer-than-15"],
+        vec!["-U", "not-a-uuid"],
+        vec!["-E", "bogus"],
+    ] {
+        let mut c = ferofs();
+        c.arg("build").args(&args).arg(fs.path()).arg(&img);
+        let out = c.output().expect("run");
+        assert!(!out.status.success(), "{args:?} accepted");
+        assert!(!img.exists(), "{args:?} left an output");
+    }
+}
+
+#[test]
+fn failed_build_leaves_no_output() {
+    if !kernel_available("failed_build_leaves_no_output") {
+        return;
+    }
+    // Output on a 1 MiB tmpfs, source with 4 MiB of data: the write fails (ENOSPC).
+    let small = Tmpfs::new("1M");
+    let src_fs = Tmpfs::new("16M");
+    std::fs::write(src_fs.path().join("big"), vec![0x5au8; 4 << 20]).expect("write");
+    let img = small.path().join("out.erofs");
+    let out = ferofs()
+        .arg("build")
+        .arg(src_fs.path())
+        .arg(&img)
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("out.erofs"),
+        "error should name the output: {err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(small.path()).expect("ls").count(),
+        0,
+        "temp file left behind"
+    );
+    // A source that does not exist: error names it, nothing written.
+    let missing = src_fs.path().join("nope");
+    let out = ferofs()
+        .arg("build")
+        .arg(&missing)
+        .arg(&img)
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nope"));
+    assert!(!img.exists());
+}
+
+#[test]
+fn sparse_file_over_4gib() {
+    if !kernel_available("sparse_file_over_4gib") {
+        return;
+    }
+    let fs = Tmpfs::new("64M");
+    let src = fs.path().join("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::create(src.join("big.img")).expect("create");
+        f.set_len(5 << 30).expect("truncate");
+        f.write_all_at(b"start", 0).expect("w");
+        f.write_all_at(b"past 4 GiB", (4 << 30) + 12345).expect("w");
+        f.write_all_at(b"end", (5 << 30) - 3).expect("w");
+    }
+    let img = fs.path().join("s.erofs");
+    build(&src, &img, &[]);
+    let size = std::fs::metadata(&img).expect("stat").len();
+    assert!(
+        size < 1 << 20,
+        "holes must not be stored: image is {size} bytes"
+    );
+    let st = json(&ok(&[&"stat", &"--json", &img, &"/big.img"]));
+    assert_eq!(st["inode_format"], "extended");
+    assert_eq!(st["layout"], "chunk-based");
+    assert_eq!(st["size"], 5u64 << 30);
+    let m = Mount::erofs(&img);
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(m.path().join("big.img")).expect("open");
+    let mut b = [0u8; 10];
+    f.read_exact_at(&mut b, (4 << 30) + 12345).expect("read");
+    assert_eq!(&b, b"past 4 GiB");
+    let mut e = [0u8; 3];
+    f.read_exact_at(&mut e, (5 << 30) - 3).expect("read");
+    assert_eq!(&e, b"end");
+    f.read_exact_at(&mut b, 3 << 30).expect("read");
+    assert_eq!(b, [0u8; 10]);
+    drop(f);
+    drop(m);
+    fsck_erofs(&img).unwrap_or_else(|e| panic!("fsck.erofs failed:\n{e}"));
+}

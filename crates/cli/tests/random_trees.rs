@@ -1,0 +1,192 @@
+//! Generated trees (seeded, so failures reproduce): build, mount with the kernel,
+//! compare digests; then `ferofs extract` and compare again.
+
+mod common;
+use common::*;
+use ferofs_testkit::{assert_same_tree, kernel_available, Mount, Tmpfs};
+use rustix::fs::{AtFlags, FileType, Mode, Timespec, Timestamps, CWD};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+fn name(r: &mut Rng, taken: &mut Vec<Vec<u8>>) -> Vec<u8> {
+    loop {
+        let len = match r.below(10) {
+            0 => 255,
+            1 => 1,
+            _ => 1 + r.below(40) as usize,
+        };
+        let n: Vec<u8> = (0..len)
+            .map(|_| match r.below(4) {
+                0 => 0x80 + r.below(0x80) as u8,
+                1 => b" !#-.~_"[r.below(7) as usize],
+                _ => b'a' + r.below(26) as u8,
+            })
+            .collect();
+        if n == b"." || n == b".." || taken.contains(&n) {
+            continue;
+        }
+        taken.push(n.clone());
+        return n;
+    }
+}
+
+fn set_time(p: &Path, r: &mut Rng) {
+    let sec = match r.below(5) {
+        0 => -(r.below(1 << 31) as i64),
+        1 => 0,
+        _ => r.below(1 << 33) as i64,
+    };
+    let t = Timespec {
+        tv_sec: sec,
+        tv_nsec: r.below(1_000_000_000) as _,
+    };
+    rustix::fs::utimensat(
+        CWD,
+        p,
+        &Timestamps {
+            last_access: t,
+            last_modification: t,
+        },
+        AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .expect("utimensat");
+}
+
+fn gen(root: &Path, seed: u64, bs: u64) {
+    let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut dirs = vec![root.to_path_buf()];
+    let mut files: Vec<PathBuf> = Vec::new();
+    let mut all: Vec<PathBuf> = Vec::new();
+    let count = 20 + r.below(60);
+    let mut taken: Vec<Vec<u8>> = Vec::new();
+    for _ in 0..count {
+        let parent = dirs[r.below(dirs.len() as u64) as usize].clone();
+        let p = parent.join(OsStr::from_bytes(&name(&mut r, &mut taken)));
+        match r.below(10) {
+            0 | 1 => {
+                std::fs::create_dir(&p).expect("mkdir");
+                dirs.push(p.clone());
+            }
+            2 => {
+                let tlen = if r.below(4) == 0 {
+                    4095
+                } else {
+                    1 + r.below(200) as usize
+                };
+                let t: Vec<u8> = (0..tlen).map(|_| b'a' + r.below(26) as u8).collect();
+                std::os::unix::fs::symlink(OsStr::from_bytes(&t), &p).expect("symlink");
+            }
+            3 if !files.is_empty() => {
+                let f = files[r.below(files.len() as u64) as usize].clone();
+                std::fs::hard_link(&f, &p).expect("link");
+                continue;
+            }
+            4 => {
+                let (ft, dev) = match r.below(4) {
+                    0 => (
+                        FileType::CharacterDevice,
+                        rustix::fs::makedev(r.below(4096) as u32, r.below(1 << 20) as u32),
+                    ),
+                    1 => (
+                        FileType::BlockDevice,
+                        rustix::fs::makedev(r.below(4096) as u32, r.below(256) as u32),
+                    ),
+                    2 => (FileType::Fifo, 0),
+                    _ => (FileType::Socket, 0),
+                };
+                rustix::fs::mknodat(CWD, &p, ft, Mode::from_raw_mode(0o644), dev).expect("mknod");
+            }
+            _ => {
+                let size = match r.below(9) {
+                    0 => 0,
+                    1 => 1,
+                    2 => bs - 1,
+                    3 => bs,
+                    4 => bs + 1,
+                    5 => 2 * bs - 1,
+                    6 => 3 * bs,
+                    _ => r.below(100_000),
+                } as usize;
+                std::fs::write(&p, r.bytes(size)).expect("write");
+                files.push(p.clone());
+            }
+        }
+        // xattrs
+        for _ in 0..r.below(4) {
+            let n = format!("user.{}", r.below(6));
+            let (a, b) = (r.below(3) as usize, r.below(300) as usize);
+            let v = r.bytes(a * b);
+            let _ = xattr::set(&p, &n, &v);
+        }
+        let uid = [0u32, 1, 65535, 65536, 4_000_000_000][r.below(5) as usize];
+        std::os::unix::fs::lchown(&p, Some(uid), Some(uid ^ 1)).expect("chown");
+        let meta = std::fs::symlink_metadata(&p).expect("stat");
+        if !meta.file_type().is_symlink() {
+            let mode = if meta.is_dir() {
+                0o700 | r.below(0o7777) as u32
+            } else {
+                r.below(0o10000) as u32
+            };
+            rustix::fs::chmodat(CWD, &p, Mode::from_raw_mode(mode), AtFlags::empty())
+                .expect("chmod");
+        }
+        all.push(p);
+    }
+    for p in &all {
+        if !std::fs::symlink_metadata(p).expect("stat").is_dir() {
+            set_time(p, &mut r);
+        }
+    }
+    dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+    for d in &dirs {
+        set_time(d, &mut r);
+    }
+}
+
+#[test]
+fn random_trees_roundtrip_through_the_kernel() {
+    if !kernel_available("random_trees_roundtrip_through_the_kernel") {
+        return;
+    }
+    let fs = Tmpfs::new("512M");
+    for seed in 1..=20u64 {
+        let bs = [4096u64, 512, 1024, 4096][(seed % 4) as usize];
+        let src = fs.path().join(format!("src{seed}"));
+        std::fs::create_dir(&src).expect("mkdir");
+        gen(&src, seed, bs);
+        let img = fs.path().join(format!("t{seed}.erofs"));
+        build(&src, &img, &["-b", &bs.to_string()]);
+        {
+            let m = Mount::erofs(&img);
+            assert_same_tree(&src, m.path());
+        }
+        let x = fs.path().join(format!("x{seed}"));
+        ok(&[&"extract", &img, &x]);
+        assert_same_tree(&src, &x);
+        if bs == 4096 {
+            ferofs_testkit::fsck_erofs(&img)
+                .unwrap_or_else(|e| panic!("seed {seed}: fsck.erofs failed:\n{e}"));
+        }
+        for p in [&src, &x] {
+            std::fs::remove_dir_all(p).expect("rm");
+        }
+        std::fs::remove_file(&img).expect("rm");
+    }
+}

@@ -5,7 +5,6 @@ use crate::error::*;
 use crate::inode::Inode;
 use crate::source::Source;
 use crate::zdata::PclusterCache;
-use ferofs_format::inode::DataLayout;
 use ferofs_format::sb::*;
 use ferofs_format::{INODE_SLOT_SIZE, MAX_BLKSZBITS, MIN_BLKSZBITS};
 use std::fs::File;
@@ -360,11 +359,6 @@ impl<S: Source> Image<S> {
                 "nid overflows",
             )
         })
-    }
-
-    /// Data layout helper used by data reads.
-    pub(crate) fn is_compressed(layout: DataLayout) -> bool {
-        layout.is_compressed()
     }
 }
 

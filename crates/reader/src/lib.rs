@@ -24,6 +24,7 @@ pub mod inode;
 pub mod source;
 pub mod xattr;
 pub mod zdata;
+mod zmap;
 
 pub use data::Extent;
 pub use dir::DirEntry;

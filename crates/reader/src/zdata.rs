@@ -6,7 +6,10 @@ use crate::error::*;
 use crate::image::Image;
 use crate::inode::Inode;
 use crate::source::Source;
-use std::sync::Mutex;
+use crate::zmap::{ZExtent, ZKind, ZSrc};
+use ferofs_compress::{decompress, Algorithm, DecompressConfig};
+use ferofs_format::sb::INCOMPAT_COMPR_CFGS;
+use std::sync::{Arc, Mutex};
 
 /// A bounded cache of decompressed extents, keyed by (nid, logical start).
 pub struct PclusterCache {
@@ -79,10 +82,178 @@ impl CacheInner {
 }
 
 impl<S: Source> Image<S> {
-    pub(crate) fn z_read_at(&self, ino: &Inode, _offset: u64, _buf: &mut [u8]) -> Result<usize> {
-        Err(unsupported("compressed files", Some(ino.nid)))
+    /// Decoded bytes of a whole extent (cached).
+    fn z_extent_bytes(&self, ino: &Inode, e: &ZExtent) -> Result<Arc<Vec<u8>>> {
+        let key = (ino.nid, e.la);
+        if let Some(v) = self.cache.get(key) {
+            if v.len() as u64 == e.end - e.la {
+                return Ok(v);
+            }
+        }
+        let n = (e.end - e.la) as usize;
+        let mut out = vec![0u8; n];
+        let bad = |kind, v: u64, what| corrupt(kind, Some(ino.nid), Some(e.la), Some(v), what);
+        match e.src {
+            ZSrc::Hole => {}
+            ZSrc::Fragment { off } => {
+                let packed = self.packed_inode()?;
+                if ino.nid == packed.nid {
+                    return Err(bad(
+                        CorruptKind::BadPcluster,
+                        off,
+                        "the packed inode cannot use fragments",
+                    ));
+                }
+                // Logical la + i is packed byte off + i.
+                let got = self.read_at(packed, off, &mut out)?;
+                if got != n {
+                    return Err(bad(
+                        CorruptKind::BadPcluster,
+                        off,
+                        "fragment beyond the packed inode",
+                    ));
+                }
+            }
+            ZSrc::Inline { rel, len } | ZSrc::Pcluster { addr: rel, len } => {
+                let inline = matches!(e.src, ZSrc::Inline { .. });
+                if len > ferofs_format::PCLUSTER_MAX_SIZE {
+                    return Err(bad(CorruptKind::BadPcluster, len, "pcluster too large"));
+                }
+                let mut raw = vec![0u8; len as usize];
+                if inline {
+                    self.read_inode_meta(ino.nid, rel, &mut raw)?;
+                } else {
+                    self.read_raw(&mut raw, rel)?;
+                }
+                match e.kind {
+                    ZKind::Plain { interlaced } => {
+                        let p = raw.len();
+                        if p == 0 {
+                            return Err(bad(CorruptKind::BadPcluster, 0, "empty plain pcluster"));
+                        }
+                        if interlaced && !inline {
+                            let k = (e.la % p as u64) as usize;
+                            for (i, b) in out.iter_mut().enumerate() {
+                                *b = raw[(k + i) % p];
+                            }
+                        } else {
+                            if n > p {
+                                return Err(bad(
+                                    CorruptKind::BadPcluster,
+                                    n as u64,
+                                    "plain extent longer than its pcluster",
+                                ));
+                            }
+                            out.copy_from_slice(&raw[..n]);
+                        }
+                    }
+                    ZKind::Compressed(alg) => {
+                        let algo = Algorithm::from_id(alg).ok_or_else(|| {
+                            bad(
+                                CorruptKind::BadLcluster,
+                                u64::from(alg),
+                                "unknown algorithm",
+                            )
+                        })?;
+                        let avail = if self.sb.has_incompat(INCOMPAT_COMPR_CFGS) {
+                            self.compr.available
+                        } else {
+                            1
+                        };
+                        if avail & (1 << alg) == 0 {
+                            return Err(bad(
+                                CorruptKind::BadLcluster,
+                                u64::from(alg),
+                                "algorithm not declared in the superblock",
+                            ));
+                        }
+                        let stream = if inline {
+                            &raw[..]
+                        } else {
+                            let z = raw.iter().position(|&b| b != 0).ok_or_else(|| {
+                                bad(CorruptKind::BadPcluster, rel, "all-zero pcluster")
+                            })?;
+                            &raw[z..]
+                        };
+                        let cfg = DecompressConfig {
+                            lzma_dict: self.compr.lzma_dict_size(),
+                        };
+                        decompress(algo, stream, &mut out, e.partial_ref, &cfg)
+                            .or_else(|_| decompress(algo, stream, &mut out, true, &cfg))
+                            .map_err(|_| {
+                                bad(
+                                    CorruptKind::Decompress,
+                                    u64::from(alg),
+                                    "pcluster does not decompress",
+                                )
+                            })?;
+                    }
+                }
+            }
+        }
+        let v = Arc::new(out);
+        self.cache.put(key, v.clone());
+        Ok(v)
     }
+
+    pub(crate) fn z_read_at(&self, ino: &Inode, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let zi = self.zinfo(ino)?;
+        let want = buf.len();
+        let mut done = 0usize;
+        // Bounded: each iteration consumes at least one byte of a non-empty extent.
+        while done < want {
+            let pos = offset + done as u64;
+            let e = self.z_map(ino, &zi, pos)?;
+            if pos < e.la || pos >= e.end {
+                return Err(corrupt(
+                    CorruptKind::BadLcluster,
+                    Some(ino.nid),
+                    Some(pos),
+                    Some(e.la),
+                    "mapping does not cover the offset",
+                ));
+            }
+            let bytes = self.z_extent_bytes(ino, &e)?;
+            let from = (pos - e.la) as usize;
+            let n = (bytes.len() - from).min(want - done);
+            buf[done..done + n].copy_from_slice(&bytes[from..from + n]);
+            done += n;
+        }
+        Ok(want)
+    }
+
     pub(crate) fn z_extents(&self, ino: &Inode) -> Result<Vec<Extent>> {
-        Err(unsupported("compressed files", Some(ino.nid)))
+        let zi = self.zinfo(ino)?;
+        let mut v = Vec::new();
+        let mut pos = 0u64;
+        while pos < ino.size && v.len() < 1 << 20 {
+            let e = self.z_map(ino, &zi, pos)?;
+            if e.end <= pos {
+                break;
+            }
+            let (physical, stored, where_) = match e.src {
+                ZSrc::Pcluster { addr, len } => (Some(addr), len, ""),
+                ZSrc::Inline { len, .. } => (None, len, " inline"),
+                ZSrc::Fragment { .. } => (None, 0, " fragment"),
+                ZSrc::Hole => (None, 0, " hole"),
+            };
+            let kind = match e.kind {
+                ZKind::Plain { interlaced: true } => format!("plain-interlaced{where_}"),
+                ZKind::Plain { .. } => format!("plain{where_}"),
+                ZKind::Compressed(a) => format!(
+                    "{}{where_}",
+                    Algorithm::from_id(a).map(|a| a.name()).unwrap_or("?")
+                ),
+            };
+            v.push(Extent {
+                logical: e.la,
+                length: e.end - e.la,
+                physical,
+                stored,
+                kind,
+            });
+            pos = e.end;
+        }
+        Ok(v)
     }
 }

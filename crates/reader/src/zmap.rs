@@ -1,0 +1,653 @@
+//! Compressed-file mapping (like the kernel's zmap.c): logical offset -> extent
+//! (logical range, where its bytes are stored, how they are encoded).
+
+use crate::error::*;
+use crate::image::Image;
+use crate::inode::Inode;
+use crate::source::Source;
+use ferofs_format::inode::DataLayout;
+use ferofs_format::sb::*;
+use ferofs_format::zindex::compact_split;
+use ferofs_format::zmap::*;
+
+/// How an extent's bytes are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ZSrc {
+    /// A pcluster at this absolute byte address of this many bytes.
+    Pcluster { addr: u64, len: u64 },
+    /// Inline pcluster (ztailpacking): offset from the inode start, length.
+    Inline { rel: u64, len: u64 },
+    /// Bytes in the packed inode at this offset (uncompressed there).
+    Fragment { off: u64 },
+    /// Zeros.
+    Hole,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ZKind {
+    /// Uncompressed; `interlaced` = rotated inside the pcluster.
+    Plain {
+        interlaced: bool,
+    },
+    Compressed(u8),
+}
+
+/// One mapped extent.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ZExtent {
+    pub la: u64,
+    pub end: u64,
+    pub src: ZSrc,
+    pub kind: ZKind,
+    pub partial_ref: bool,
+}
+
+/// Per-inode facts from the map header.
+#[derive(Debug, Clone)]
+pub(crate) struct ZInfo {
+    advise: u16,
+    algs: [u8; 2],
+    lbits: u8,
+    /// Offset of the map header from the inode start.
+    hdr: u64,
+    compact: bool,
+    extents: bool,
+    nlclusters: u64,
+    whole_fragment: Option<u64>,
+    fragment_off: Option<u64>,
+    inline: Option<(u64, u64)>,
+    tail_head: Option<u64>,
+    big1: bool,
+    big2: bool,
+    extent_count: u64,
+}
+
+/// One decoded lcluster entry.
+#[derive(Debug, Clone, Copy)]
+struct Lc {
+    ty: u8,
+    clusterofs: u16,
+    pblk: u64,
+    delta0: u16,
+    cblkcnt: Option<u16>,
+    partial_ref: bool,
+}
+
+/// Largest decoded extent the kernel accepts.
+const MAX_DSIZE: u64 = 12 << 20;
+
+impl<S: Source> Image<S> {
+    fn zerr(&self, ino: &Inode, kind: CorruptKind, v: u64, what: &'static str) -> Error {
+        corrupt(kind, Some(ino.nid), None, Some(v), what)
+    }
+
+    pub(crate) fn zinfo(&self, ino: &Inode) -> Result<ZInfo> {
+        let hdr = (ino.meta_size + 7) & !7;
+        let mut hb = [0u8; MAP_HEADER_SIZE];
+        self.read_inode_meta(ino.nid, hdr, &mut hb)?;
+        let h = MapHeader::parse(&hb);
+        let compact = ino.layout == DataLayout::CompressedCompact;
+        let mut zi = ZInfo {
+            advise: h.advise,
+            algs: [h.algorithmtype & 15, h.algorithmtype >> 4],
+            lbits: 0,
+            hdr,
+            compact,
+            extents: false,
+            nlclusters: 0,
+            whole_fragment: None,
+            fragment_off: None,
+            inline: None,
+            tail_head: None,
+            big1: h.advise & ADVISE_BIG_PCLUSTER_1 != 0,
+            big2: h.advise & ADVISE_BIG_PCLUSTER_2 != 0,
+            extent_count: 0,
+        };
+        if h.is_whole_fragment() {
+            zi.whole_fragment = Some(h.whole_fragment_offset());
+            return Ok(zi);
+        }
+        zi.extents = !compact && h.advise & ADVISE_EXTENTS != 0;
+        let rel = u32::from(h.clusterbits & 15);
+        if zi.extents && (4u32 << ((h.advise >> 1) & 3)) >= 16 {
+            // h_extents_hi occupies bytes 6-7: the cluster bits are not there.
+            zi.lbits = self.blkszbits;
+            zi.extent_count =
+                u64::from(h.word0) | (u64::from(u16::from_le_bytes([hb[6], hb[7]])) << 32);
+        } else {
+            zi.lbits = self.blkszbits + rel as u8;
+        }
+        if zi.lbits > 30 {
+            return Err(self.zerr(
+                ino,
+                CorruptKind::BadLcluster,
+                u64::from(zi.lbits),
+                "lcluster size too large",
+            ));
+        }
+        zi.nlclusters = ino.size.div_ceil(1u64 << zi.lbits);
+        if compact && (!zi.extents) && zi.big1 != zi.big2 {
+            return Err(self.zerr(
+                ino,
+                CorruptKind::BadLcluster,
+                u64::from(h.advise),
+                "compact indexes need BIG_PCLUSTER_1 == BIG_PCLUSTER_2",
+            ));
+        }
+        if compact && zi.lbits > 14 {
+            return Err(self.zerr(
+                ino,
+                CorruptKind::BadLcluster,
+                u64::from(zi.lbits),
+                "compact indexes need lclusters <= 16 KiB",
+            ));
+        }
+        for a in zi.algs {
+            if self.compr.available & (1 << a) == 0
+                && !(a == 0 && !self.sb.has_incompat(INCOMPAT_COMPR_CFGS))
+            {
+                // Only an error if an entry actually uses it; checked at decode time.
+            }
+        }
+        if ino.size == 0 {
+            return Ok(zi);
+        }
+        if zi.extents {
+            if h.advise & ADVISE_FRAGMENT_PCLUSTER != 0 {
+                // The last record names the fragment (resolved in map_extent_records).
+                zi.fragment_off = Some(0);
+            }
+            return Ok(zi);
+        }
+        if h.advise & ADVISE_INLINE_PCLUSTER != 0 {
+            let last = zi.nlclusters - 1;
+            let end = self.index_end_after(ino, &zi, last);
+            zi.inline = Some((end, u64::from(h.idata_size())));
+        }
+        if h.advise & ADVISE_FRAGMENT_PCLUSTER != 0 {
+            zi.fragment_off = Some(u64::from(h.fragment_off()));
+        }
+        if zi.inline.is_some() || zi.fragment_off.is_some() {
+            let (head, lc) = self.find_head(ino, &zi, ino.size - 1)?;
+            zi.tail_head = Some(head);
+            if !compact {
+                if let Some(f) = zi.fragment_off.as_mut() {
+                    // Full indexes keep the high 32 bits in the tail head's blkaddr.
+                    *f |= (lc.pblk & 0xFFFF_FFFF) << 32;
+                }
+            }
+        }
+        Ok(zi)
+    }
+
+    /// Offset (from the inode) just past the index entry or pack holding `lcn`.
+    fn index_end_after(&self, ino: &Inode, zi: &ZInfo, lcn: u64) -> u64 {
+        let e = zi.hdr + MAP_HEADER_SIZE as u64;
+        if !zi.compact {
+            return e + 8 + FULL_INDEX_SIZE as u64 * (lcn + 1);
+        }
+        let (ipos, _) = self.inode_pos(ino.nid).unwrap_or((0, false));
+        let n = zi.nlclusters as usize;
+        let (i, t, _) = compact_split(n, ipos + e, zi.advise & ADVISE_COMPACTED_2B != 0);
+        let k = lcn as usize;
+        if k < i {
+            e + 8 * (k as u64 / 2 + 1)
+        } else if k < i + t {
+            e + 4 * i as u64 + 32 * (((k - i) / 16) as u64 + 1)
+        } else {
+            e + 4 * i as u64 + 2 * t as u64 + 8 * (((k - i - t) / 2) as u64 + 1)
+        }
+    }
+
+    fn load_lcluster(&self, ino: &Inode, zi: &ZInfo, lcn: u64) -> Result<Lc> {
+        if lcn >= zi.nlclusters {
+            return Err(self.zerr(
+                ino,
+                CorruptKind::BadLcluster,
+                lcn,
+                "lcluster beyond the end of the file",
+            ));
+        }
+        let e = zi.hdr + MAP_HEADER_SIZE as u64;
+        if !zi.compact {
+            let mut b = [0u8; FULL_INDEX_SIZE];
+            self.read_inode_meta(ino.nid, e + 8 + FULL_INDEX_SIZE as u64 * lcn, &mut b)?;
+            let fi = FullIndex::parse(&b);
+            let ty = fi.lcluster_type();
+            let (delta0, cblkcnt) = if ty == LCLUSTER_TYPE_NONHEAD {
+                let d0 = fi.delta0();
+                if zi.big1 && d0 & D0_CBLKCNT != 0 {
+                    (1, Some(d0 & !D0_CBLKCNT))
+                } else {
+                    (d0, None)
+                }
+            } else {
+                (0, None)
+            };
+            return Ok(Lc {
+                ty,
+                clusterofs: fi.clusterofs,
+                pblk: u64::from(fi.u),
+                delta0,
+                cblkcnt,
+                partial_ref: fi.partial_ref(),
+            });
+        }
+        // Compact: find the pack.
+        let (ipos, _) = self.inode_pos(ino.nid)?;
+        let n = zi.nlclusters as usize;
+        let (i, t, _) = compact_split(n, ipos + e, zi.advise & ADVISE_COMPACTED_2B != 0);
+        let k = lcn as usize;
+        let (pack_off, per, bits, j) = if k < i {
+            (e + 8 * (k as u64 / 2), 2usize, 16u32, k % 2)
+        } else if k < i + t {
+            (
+                e + 4 * i as u64 + 32 * ((k - i) / 16) as u64,
+                16,
+                14,
+                (k - i) % 16,
+            )
+        } else {
+            (
+                e + 4 * i as u64 + 2 * t as u64 + 8 * ((k - i - t) / 2) as u64,
+                2,
+                16,
+                (k - i - t) % 2,
+            )
+        };
+        let pack_len = per * bits as usize / 8 + 4;
+        let mut pack = [0u8; 32];
+        self.read_inode_meta(ino.nid, pack_off, &mut pack[..pack_len])?;
+        let lobits = u32::from(zi.lbits).max(12);
+        let decode = |j: usize| -> (u8, u16) {
+            let bitpos = j * bits as usize;
+            let byte = bitpos / 8;
+            let mut w = [0u8; 4];
+            for (x, b) in w.iter_mut().enumerate() {
+                *b = if byte + x < pack_len - 4 {
+                    pack[byte + x]
+                } else {
+                    0
+                };
+            }
+            let v = (u32::from_le_bytes(w) >> (bitpos % 8)) & ((1u32 << bits) - 1);
+            (((v >> lobits) & 3) as u8, (v & ((1 << lobits) - 1)) as u16)
+        };
+        let base = u32::from_le_bytes([
+            pack[pack_len - 4],
+            pack[pack_len - 3],
+            pack[pack_len - 2],
+            pack[pack_len - 1],
+        ]);
+        let (ty, lo) = decode(j);
+        if ty == LCLUSTER_TYPE_NONHEAD {
+            if zi.big1 && lo & D0_CBLKCNT != 0 {
+                return Ok(Lc {
+                    ty,
+                    clusterofs: 0,
+                    pblk: 0,
+                    delta0: 1,
+                    cblkcnt: Some(lo & !D0_CBLKCNT),
+                    partial_ref: false,
+                });
+            }
+            let delta0 = if j == per - 1 {
+                // The last entry of a pack stores delta[1]; rebuild delta[0].
+                let (pty, plo) = decode(j - 1);
+                if pty != LCLUSTER_TYPE_NONHEAD {
+                    1
+                } else if zi.big1 && plo & D0_CBLKCNT != 0 {
+                    2
+                } else {
+                    plo.saturating_add(1)
+                }
+            } else {
+                lo
+            };
+            return Ok(Lc {
+                ty,
+                clusterofs: 0,
+                pblk: 0,
+                delta0,
+                cblkcnt: None,
+                partial_ref: false,
+            });
+        }
+        // HEAD: count pclusters before it in the pack (bounded by the pack size).
+        let mut nblk: u64 = if zi.big1 { 0 } else { 1 };
+        let mut x = j as i64;
+        let mut guard = 0;
+        while x > 0 && guard < 64 {
+            guard += 1;
+            x -= 1;
+            let (ety, elo) = decode(x as usize);
+            if zi.big1 {
+                if ety == LCLUSTER_TYPE_NONHEAD {
+                    if elo & D0_CBLKCNT != 0 {
+                        x -= 1;
+                        nblk += u64::from(elo & !D0_CBLKCNT);
+                        continue;
+                    }
+                    if elo <= 1 {
+                        return Err(self.zerr(
+                            ino,
+                            CorruptKind::BadLcluster,
+                            lcn,
+                            "bad delta in compact pack",
+                        ));
+                    }
+                    x -= i64::from(elo) - 2;
+                    continue;
+                }
+                nblk += 1;
+            } else {
+                if ety == LCLUSTER_TYPE_NONHEAD {
+                    x -= i64::from(elo);
+                }
+                if x >= 0 {
+                    nblk += 1;
+                }
+            }
+        }
+        Ok(Lc {
+            ty,
+            clusterofs: lo,
+            pblk: u64::from(base) + nblk,
+            delta0: 0,
+            cblkcnt: None,
+            partial_ref: false,
+        })
+    }
+
+    /// The head lcluster of the extent holding logical offset `x`.
+    fn find_head(&self, ino: &Inode, zi: &ZInfo, x: u64) -> Result<(u64, Lc)> {
+        let lsz = 1u64 << zi.lbits;
+        let mut lcn = x >> zi.lbits;
+        let ofs = x & (lsz - 1);
+        let mut lc = self.load_lcluster(ino, zi, lcn)?;
+        if lc.ty != LCLUSTER_TYPE_NONHEAD && u64::from(lc.clusterofs) <= ofs {
+            return Ok((lcn, lc));
+        }
+        if lc.ty != LCLUSTER_TYPE_NONHEAD {
+            // Before this head's start: the previous extent.
+            if lcn == 0 {
+                return Err(self.zerr(
+                    ino,
+                    CorruptKind::BadLcluster,
+                    0,
+                    "first lcluster does not start an extent",
+                ));
+            }
+            lcn -= 1;
+            lc = self.load_lcluster(ino, zi, lcn)?;
+        }
+        // Walk back along delta[0]; every step goes back at least one lcluster.
+        let mut steps = 0u64;
+        while lc.ty == LCLUSTER_TYPE_NONHEAD {
+            let d = u64::from(lc.delta0);
+            if d == 0 || d > lcn || steps > zi.nlclusters {
+                return Err(self.zerr(ino, CorruptKind::BadLcluster, lcn, "bad lookback distance"));
+            }
+            lcn -= d;
+            steps += 1;
+            lc = self.load_lcluster(ino, zi, lcn)?;
+        }
+        if u64::from(lc.clusterofs) >= lsz {
+            return Err(self.zerr(
+                ino,
+                CorruptKind::BadLcluster,
+                lcn,
+                "clusterofs beyond the lcluster",
+            ));
+        }
+        Ok((lcn, lc))
+    }
+
+    /// Map the extent holding logical offset `x` (< size).
+    pub(crate) fn z_map(&self, ino: &Inode, zi: &ZInfo, x: u64) -> Result<ZExtent> {
+        if let Some(off) = zi.whole_fragment {
+            return Ok(ZExtent {
+                la: 0,
+                end: ino.size,
+                src: ZSrc::Fragment { off },
+                kind: ZKind::Plain { interlaced: false },
+                partial_ref: false,
+            });
+        }
+        if zi.extents {
+            return self.z_map_records(ino, zi, x);
+        }
+        let lsz = 1u64 << zi.lbits;
+        let bs = 1u64 << self.blkszbits;
+        let (head, lc) = self.find_head(ino, zi, x)?;
+        let la = (head << zi.lbits) + u64::from(lc.clusterofs);
+        // Extent end: the next head (its clusterofs) or the end of the file.
+        let mut end = ino.size;
+        let mut k = head + 1;
+        while k < zi.nlclusters {
+            let n = self.load_lcluster(ino, zi, k)?;
+            if n.ty != LCLUSTER_TYPE_NONHEAD {
+                end = ((k << zi.lbits) + u64::from(n.clusterofs)).min(ino.size);
+                break;
+            }
+            k += 1;
+        }
+        if end <= la || end - la > MAX_DSIZE {
+            return Err(self.zerr(ino, CorruptKind::BadLcluster, head, "bad extent length"));
+        }
+        let kind = match lc.ty {
+            LCLUSTER_TYPE_PLAIN => ZKind::Plain {
+                interlaced: zi.advise & ADVISE_INTERLACED_PCLUSTER != 0,
+            },
+            LCLUSTER_TYPE_HEAD1 => ZKind::Compressed(zi.algs[0]),
+            _ => ZKind::Compressed(zi.algs[1]),
+        };
+        if Some(head) == zi.tail_head {
+            if let Some((rel, len)) = zi.inline {
+                return Ok(ZExtent {
+                    la,
+                    end,
+                    src: ZSrc::Inline { rel, len },
+                    kind,
+                    partial_ref: false,
+                });
+            }
+            if let Some(off) = zi.fragment_off {
+                return Ok(ZExtent {
+                    la,
+                    end,
+                    src: ZSrc::Fragment { off },
+                    kind: ZKind::Plain { interlaced: false },
+                    partial_ref: false,
+                });
+            }
+        }
+        let big = match lc.ty {
+            LCLUSTER_TYPE_HEAD1 => zi.big1,
+            _ => zi.big2,
+        };
+        let mut blocks = 1u64;
+        if big && head + 1 < zi.nlclusters {
+            let n = self.load_lcluster(ino, zi, head + 1)?;
+            if n.ty == LCLUSTER_TYPE_NONHEAD {
+                match n.cblkcnt {
+                    Some(c) if c > 0 => blocks = u64::from(c),
+                    _ => {
+                        return Err(self.zerr(
+                            ino,
+                            CorruptKind::BadPcluster,
+                            head,
+                            "missing pcluster block count",
+                        ))
+                    }
+                }
+            }
+        }
+        let len = blocks << self.blkszbits;
+        if len > ferofs_format::PCLUSTER_MAX_SIZE {
+            return Err(self.zerr(
+                ino,
+                CorruptKind::BadPcluster,
+                len,
+                "pcluster larger than 1 MiB",
+            ));
+        }
+        let _ = (lsz, bs);
+        let addr = self.blk_pos(lc.pblk).ok_or_else(|| {
+            self.zerr(
+                ino,
+                CorruptKind::BadPcluster,
+                lc.pblk,
+                "pcluster address overflows",
+            )
+        })?;
+        if addr.checked_add(len).is_none_or(|e| e > self.len) {
+            return Err(self.zerr(
+                ino,
+                CorruptKind::BadPcluster,
+                lc.pblk,
+                "pcluster beyond the end of the image",
+            ));
+        }
+        Ok(ZExtent {
+            la,
+            end,
+            src: ZSrc::Pcluster { addr, len },
+            kind,
+            partial_ref: lc.partial_ref,
+        })
+    }
+
+    /// Encoded extents (48-bit layout): records instead of lcluster indexes.
+    fn z_map_records(&self, ino: &Inode, zi: &ZInfo, x: u64) -> Result<ZExtent> {
+        let recsz = 4u64 << ((zi.advise >> 1) & 3);
+        let start = (zi.hdr + MAP_HEADER_SIZE as u64).div_ceil(recsz) * recsz;
+        let rec = |i: u64| -> Result<[u32; 5]> {
+            let mut b = [0u8; 20];
+            let n = recsz.min(20) as usize;
+            self.read_inode_meta(
+                ino.nid,
+                start + i * recsz + if recsz == 4 { 8 } else { 0 },
+                &mut b[..n],
+            )?;
+            let w = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+            Ok([w(0), w(4), w(8), w(12), w(16)])
+        };
+        let (la, end, plen, pstart) = if recsz >= 16 {
+            let count = zi.extent_count;
+            if count == 0 || count > ino.size {
+                return Err(self.zerr(ino, CorruptKind::BadLcluster, count, "bad extent count"));
+            }
+            let lstart = |r: &[u32; 5]| {
+                u64::from(r[3])
+                    | if recsz >= 32 {
+                        u64::from(r[4]) << 32
+                    } else {
+                        0
+                    }
+            };
+            // Binary search: last record with lstart <= x (bounded by log2(count)).
+            let (mut lo, mut hi) = (0u64, count);
+            while hi - lo > 1 {
+                let mid = lo + (hi - lo) / 2;
+                if lstart(&rec(mid)?) <= x {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+            let r = rec(lo)?;
+            let end = if lo + 1 < count {
+                lstart(&rec(lo + 1)?)
+            } else {
+                ino.size
+            };
+            (
+                lstart(&r),
+                end.min(ino.size),
+                r[0],
+                u64::from(r[1]) | (u64::from(r[2]) << 32),
+            )
+        } else if recsz == 8 {
+            let lcn = x >> zi.lbits;
+            let r = rec(lcn)?;
+            let la = lcn << zi.lbits;
+            (
+                la,
+                (la + (1 << zi.lbits)).min(ino.size),
+                r[0],
+                u64::from(r[1]),
+            )
+        } else {
+            let lcn = x >> zi.lbits;
+            let mut b = [0u8; 8];
+            self.read_inode_meta(ino.nid, start, &mut b)?;
+            let mut pa = u64::from_le_bytes(b);
+            if lcn > zi.nlclusters {
+                return Err(self.zerr(
+                    ino,
+                    CorruptKind::BadLcluster,
+                    lcn,
+                    "record beyond the file",
+                ));
+            }
+            for i in 0..lcn {
+                pa = pa.saturating_add(u64::from(rec(i)?[0] & 0x1F_FFFF));
+            }
+            let la = lcn << zi.lbits;
+            (la, (la + (1 << zi.lbits)).min(ino.size), rec(lcn)?[0], pa)
+        };
+        if end <= la || x < la {
+            return Err(self.zerr(ino, CorruptKind::BadLcluster, la, "bad extent record"));
+        }
+        let is_last = end >= ino.size;
+        if is_last && zi.fragment_off.is_some() && recsz > 4 {
+            let off = u64::from(plen) | (pstart << 32);
+            return Ok(ZExtent {
+                la,
+                end,
+                src: ZSrc::Fragment { off },
+                kind: ZKind::Plain { interlaced: false },
+                partial_ref: false,
+            });
+        }
+        let len = u64::from(plen & 0x1F_FFFF);
+        if len == 0 {
+            return Ok(ZExtent {
+                la,
+                end,
+                src: ZSrc::Hole,
+                kind: ZKind::Plain { interlaced: false },
+                partial_ref: false,
+            });
+        }
+        let fmt = plen >> 28;
+        let bs = 1u64 << self.blkszbits;
+        let kind = if fmt == 0 {
+            ZKind::Plain {
+                interlaced: zi.advise & ADVISE_INTERLACED_PCLUSTER != 0
+                    && pstart % bs == 0
+                    && len % bs == 0,
+            }
+        } else {
+            ZKind::Compressed((fmt - 1) as u8)
+        };
+        if len > ferofs_format::PCLUSTER_MAX_SIZE
+            || pstart.checked_add(len).is_none_or(|e| e > self.len)
+        {
+            return Err(self.zerr(
+                ino,
+                CorruptKind::BadPcluster,
+                pstart,
+                "encoded extent beyond the image",
+            ));
+        }
+        Ok(ZExtent {
+            la,
+            end,
+            src: ZSrc::Pcluster { addr: pstart, len },
+            kind,
+            partial_ref: plen & (1 << 27) != 0,
+        })
+    }
+}

@@ -213,7 +213,11 @@ impl<S: Source> Image<S> {
     pub fn compr_configs(&self) -> &ComprConfigs {
         &self.compr
     }
-    /// Set the decompressed-pcluster cache budget in bytes (default 64 MiB).
+    /// Bytes held by the decompressed-extent cache.
+    pub fn cache_used(&self) -> usize {
+        self.cache.used()
+    }
+    /// Set the decompressed-extent cache budget in bytes (default 64 MiB).
     pub fn set_cache_budget(&self, bytes: usize) {
         self.cache.set_budget(bytes);
     }

@@ -11,6 +11,9 @@ use ferofs_compress::{decompress, Algorithm, DecompressConfig};
 use ferofs_format::sb::INCOMPAT_COMPR_CFGS;
 use std::sync::{Arc, Mutex};
 
+/// Largest decoded extent the kernel accepts (Z_EROFS_PCLUSTER_MAX_DSIZE).
+const MAX_DSIZE: u64 = 12 << 20;
+
 /// A bounded cache of decompressed extents, keyed by (nid, logical start).
 pub struct PclusterCache {
     inner: Mutex<CacheInner>,
@@ -90,7 +93,17 @@ impl<S: Source> Image<S> {
                 return Ok(v);
             }
         }
-        let n = (e.end - e.la) as usize;
+        let span = e.end - e.la;
+        if span > MAX_DSIZE {
+            return Err(corrupt(
+                CorruptKind::BadLcluster,
+                Some(ino.nid),
+                Some(e.la),
+                Some(span),
+                "decoded extent larger than 12 MiB",
+            ));
+        }
+        let n = span as usize;
         let mut out = vec![0u8; n];
         let bad = |kind, v: u64, what| corrupt(kind, Some(ino.nid), Some(e.la), Some(v), what);
         match e.src {
@@ -213,10 +226,48 @@ impl<S: Source> Image<S> {
                     "mapping does not cover the offset",
                 ));
             }
-            let bytes = self.z_extent_bytes(ino, &e)?;
-            let from = (pos - e.la) as usize;
-            let n = (bytes.len() - from).min(want - done);
-            buf[done..done + n].copy_from_slice(&bytes[from..from + n]);
+            let from = pos - e.la;
+            let n = ((e.end - pos) as usize).min(want - done);
+            match e.src {
+                // Fragments and holes are served directly: no decoded-extent buffer.
+                ZSrc::Hole => buf[done..done + n].fill(0),
+                ZSrc::Fragment { off } => {
+                    let packed = self.packed_inode()?;
+                    if packed.nid == ino.nid {
+                        return Err(corrupt(
+                            CorruptKind::BadPcluster,
+                            Some(ino.nid),
+                            Some(pos),
+                            Some(off),
+                            "the packed inode cannot use fragments",
+                        ));
+                    }
+                    let at = off.checked_add(from).ok_or_else(|| {
+                        corrupt(
+                            CorruptKind::BadPcluster,
+                            Some(ino.nid),
+                            Some(pos),
+                            Some(off),
+                            "fragment offset overflows",
+                        )
+                    })?;
+                    let got = self.read_at(packed, at, &mut buf[done..done + n])?;
+                    if got != n {
+                        return Err(corrupt(
+                            CorruptKind::BadPcluster,
+                            Some(ino.nid),
+                            Some(pos),
+                            Some(off),
+                            "fragment beyond the packed inode",
+                        ));
+                    }
+                }
+                _ => {
+                    let bytes = self.z_extent_bytes(ino, &e)?;
+                    let from = from as usize;
+                    buf[done..done + n].copy_from_slice(&bytes[from..from + n]);
+                }
+            }
             done += n;
         }
         Ok(want)

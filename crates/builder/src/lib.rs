@@ -27,8 +27,10 @@ pub mod options;
 mod out;
 pub mod scan;
 pub mod xattrs;
+pub mod zdata;
 
 pub use options::{BuildError, BuildOptions, BuildReport, UuidChoice};
+pub use zdata::{parse_hints, Compression, Hint};
 
 use data::{DataWriter, FileData};
 use ferofs_format::dirent::{file_type_of_mode, FT_DIR};
@@ -55,6 +57,30 @@ fn check_options(o: &BuildOptions) -> Result<()> {
     if let Some(l) = &o.label {
         if l.len() > 15 {
             return Err(BuildError::Options("label longer than 15 bytes".into()));
+        }
+    }
+    if let Some(c) = &o.compression {
+        if c.algorithms.is_empty() {
+            return Err(BuildError::Options("no compression algorithm".into()));
+        }
+        let sizes = std::iter::once(c.pcluster_size).chain(c.hints.iter().map(|h| h.pcluster_size));
+        for p in sizes {
+            if p == 0 || p % o.block_size != 0 || p > 1 << 20 || p / o.block_size > 2047 {
+                return Err(BuildError::Options(format!(
+                    "pcluster size {p}: a multiple of the block size ({}), at most 1 MiB and 2047 blocks",
+                    o.block_size
+                )));
+            }
+        }
+        for h in &c.hints {
+            if h.algorithm >= c.algorithms.len() {
+                return Err(BuildError::Options(format!(
+                    "compress hint {:?} uses algorithm index {} but only {} algorithm(s) were given with -z",
+                    h.regex.as_str(),
+                    h.algorithm,
+                    c.algorithms.len()
+                )));
+            }
         }
     }
     Ok(())
@@ -98,6 +124,7 @@ enum Layout {
         chunk_rel: u8,
         map: Vec<u32>,
     },
+    Compressed(zdata::ZFile),
 }
 
 /// Blocks of directory/symlink content waiting for the post-metadata region.
@@ -149,12 +176,58 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     let fixed_meta = |id: InodeId| core_size(id) + xplan.ibody[id].len() as u64;
 
     let mut out = out::Out::create(output)?;
-    // Stage 3: file data, from the first block after the superblock.
-    let first_blk = (SB_OFFSET + SB_BASE_SIZE as u64).div_ceil(bs);
+    // Compression config records follow the superblock in block 0 (doc §1.5).
+    let cfg = compr_configs(o);
+    let first_blk = (SB_OFFSET + SB_BASE_SIZE as u64 + cfg.bytes.len() as u64).div_ceil(bs);
     let mut layouts: Vec<Layout> = vec![Layout::Plain { startblk: 0 }; n];
     let mut bytes_in = 0u64;
+    let to_layout = |d: FileData| match d {
+        FileData::Empty => Layout::Plain { startblk: 0 },
+        FileData::Flat {
+            startblk,
+            nblocks,
+            tail,
+        } if !tail.is_empty() => Layout::Inline {
+            startblk: (nblocks > 0).then_some(startblk),
+            tail,
+        },
+        FileData::Flat { startblk, .. } => Layout::Plain { startblk },
+        FileData::Chunked { chunk_rel, map } => Layout::Chunked { chunk_rel, map },
+    };
+    let inline_tail = |id: InodeId, size: u64| {
+        let tail = size % bs;
+        o.inline_data && tail != 0 && fixed_meta(id) + tail <= bs
+    };
     let data_end;
-    {
+    if let Some(c) = &o.compression {
+        let mut reqs = Vec::new();
+        for (id, nd) in tree.nodes.iter().enumerate() {
+            if let Kind::File { path, size } = &nd.kind {
+                bytes_in += size;
+                reqs.push(zdata::FileReq {
+                    id,
+                    path: path.clone(),
+                    size: *size,
+                    rel: nd.rel.clone(),
+                    fixed_meta: fixed_meta(id),
+                    inline_tail: inline_tail(id, *size),
+                });
+            }
+        }
+        let threads = if o.threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            o.threads
+        };
+        let (stored, end) = zdata::store_all(&reqs, c, &mut out, bits, first_blk, threads)?;
+        for (r, st) in reqs.iter().zip(stored) {
+            layouts[r.id] = match st {
+                zdata::Stored::Compressed(z) => Layout::Compressed(z),
+                zdata::Stored::Data(d) => to_layout(d),
+            };
+        }
+        data_end = end;
+    } else {
         let mut dw = DataWriter {
             out: &mut out,
             blkszbits: bits,
@@ -164,25 +237,16 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
         for (id, nd) in tree.nodes.iter().enumerate() {
             if let Kind::File { path, size } = &nd.kind {
                 bytes_in += size;
-                let tail = size % bs;
-                let inline = o.inline_data && tail != 0 && fixed_meta(id) + tail <= bs;
-                layouts[id] = match dw.store_file(path, *size, inline)? {
-                    FileData::Empty => Layout::Plain { startblk: 0 },
-                    FileData::Flat {
-                        startblk,
-                        nblocks,
-                        tail,
-                    } if !tail.is_empty() => Layout::Inline {
-                        startblk: (nblocks > 0).then_some(startblk),
-                        tail,
-                    },
-                    FileData::Flat { startblk, .. } => Layout::Plain { startblk },
-                    FileData::Chunked { chunk_rel, map } => Layout::Chunked { chunk_rel, map },
-                };
+                layouts[id] = to_layout(dw.store_file(path, *size, inline_tail(id, *size))?);
             }
         }
         data_end = dw.next_blk;
     }
+    let any_compressed = layouts.iter().any(|l| matches!(l, Layout::Compressed(_)));
+    let big_pcluster = any_compressed && cfg.needed;
+    let any_inline_z = layouts
+        .iter()
+        .any(|l| matches!(l, Layout::Compressed(z) if z.inline.is_some()));
 
     // Directory entries and symlink targets: content known now, nids later.
     let mut dir_entries: Vec<Option<(dir::DirEntries, Vec<std::ops::Range<usize>>, u64)>> =
@@ -219,9 +283,17 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     }
 
     // Stage 4: pack metadata records, first fit, fixing every nid.
-    let record_len = |id: InodeId| -> u64 {
+    // Metadata record of inode `id` placed at offset `off` of the (block-aligned)
+    // metadata region: compact index sizes depend on the position modulo 32.
+    let record_len = |id: InodeId, off: u64| -> u64 {
         let base = fixed_meta(id);
         match &layouts[id] {
+            Layout::Compressed(z) => {
+                let hdr = base.div_ceil(8) * 8;
+                let nl = sizes[id].div_ceil(bs) as usize;
+                let idx = ferofs_format::zindex::compact_size(nl, off + hdr + 8, true) as u64;
+                hdr + 8 + idx + z.inline.as_ref().map_or(0, |(b, _)| b.len() as u64)
+            }
             Layout::Inline { tail, .. } => base + tail.len() as u64,
             Layout::Chunked { map, .. } => base.div_ceil(4) * 4 + 4 * map.len() as u64,
             Layout::Plain { .. } if content_inline[id] => base + sizes[id] % bs,
@@ -233,8 +305,11 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     let mut meta_blocks = 0u64;
     const OPEN_LIMIT: usize = 16;
     for id in 0..n {
-        let len = record_len(id).div_ceil(32) * 32;
-        let has_inline = matches!(layouts[id], Layout::Inline { .. }) || content_inline[id];
+        let len0 = record_len(id, 0).div_ceil(32) * 32;
+        let has_inline = matches!(layouts[id], Layout::Inline { .. })
+            || content_inline[id]
+            || matches!(&layouts[id], Layout::Compressed(z) if z.inline.is_some());
+        let len = len0;
         if len > bs {
             if has_inline {
                 return Err(BuildError::Invalid {
@@ -249,14 +324,25 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
             continue;
         }
         // Root first and alone at offset 0 of block 0 so its nid fits 16 bits.
-        let slot = open.iter_mut().find(|(_, used)| *used + len <= bs);
+        let slot = open
+            .iter_mut()
+            .find(|(blk, used)| *used + record_len(id, *blk * bs + *used).div_ceil(32) * 32 <= bs);
         match slot {
             Some((blk, used)) => {
                 nid_off[id] = *blk * bs + *used;
-                *used += len;
+                *used += record_len(id, nid_off[id]).div_ceil(32) * 32;
             }
             None => {
                 nid_off[id] = meta_blocks * bs;
+                let len = record_len(id, nid_off[id]).div_ceil(32) * 32;
+                if len > bs && has_inline {
+                    return Err(BuildError::Invalid {
+                        path: String::from_utf8_lossy(&tree.nodes[id].rel)
+                            .into_owned()
+                            .into(),
+                        what: "inline record larger than a block".into(),
+                    });
+                }
                 open.push((meta_blocks, len));
                 meta_blocks += 1;
                 if open.len() > OPEN_LIMIT {
@@ -339,6 +425,7 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
                 startblk.unwrap_or(u64::from(u32::MAX)),
             ),
             Layout::Chunked { chunk_rel, .. } => (DataLayout::ChunkBased, u64::from(*chunk_rel)),
+            Layout::Compressed(z) => (DataLayout::CompressedCompact, z.blocks),
         };
         let u = match nd.kind {
             Kind::Device { rdev } => u64::from(rdev),
@@ -377,6 +464,46 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
                 }
             }
             Layout::Plain { .. } => {}
+            Layout::Compressed(z) => {
+                rec.resize(rec.len().div_ceil(8) * 8, 0);
+                let mut advise = ferofs_format::zmap::ADVISE_COMPACTED_2B;
+                if big_pcluster {
+                    advise |= ferofs_format::zmap::ADVISE_BIG_PCLUSTER_1
+                        | ferofs_format::zmap::ADVISE_BIG_PCLUSTER_2;
+                }
+                let mut word0 = 0u32;
+                if let Some((b, _)) = &z.inline {
+                    advise |= ferofs_format::zmap::ADVISE_INLINE_PCLUSTER;
+                    word0 = (b.len() as u32) << 16;
+                }
+                let h = ferofs_format::zmap::MapHeader {
+                    word0,
+                    advise,
+                    algorithmtype: z.alg_id,
+                    clusterbits: 0,
+                };
+                rec.extend_from_slice(&h.encode());
+                let ents = ferofs_format::zindex::lcluster_entries(
+                    &z.extents,
+                    sizes[id],
+                    bits,
+                    big_pcluster,
+                )
+                .map_err(|e| BuildError::Invalid {
+                    path: String::from_utf8_lossy(&nd.rel).into_owned().into(),
+                    what: format!("index: {e:?}"),
+                })?;
+                let e_pos = nid_off[id] + rec.len() as u64;
+                let idx = ferofs_format::zindex::encode_compact(&ents, e_pos, true, big_pcluster)
+                    .map_err(|e| BuildError::Invalid {
+                    path: String::from_utf8_lossy(&nd.rel).into_owned().into(),
+                    what: format!("index: {e:?}"),
+                })?;
+                rec.extend_from_slice(&idx);
+                if let Some((b, _)) = &z.inline {
+                    rec.extend_from_slice(b);
+                }
+            }
         }
         let off = nid_off[id] as usize;
         meta[off..off + rec.len()].copy_from_slice(&rec);
@@ -389,7 +516,7 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
         let start = match &layouts[b.id] {
             Layout::Plain { startblk } => *startblk,
             Layout::Inline { startblk, .. } => startblk.unwrap_or(0),
-            Layout::Chunked { .. } => 0,
+            Layout::Chunked { .. } | Layout::Compressed(_) => 0,
         };
         let mut bytes = b.bytes.clone();
         bytes.resize((bytes.len() as u64).div_ceil(bs) as usize * bs as usize, 0);
@@ -400,6 +527,19 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     let mut feature_incompat = 0;
     if layouts.iter().any(|l| matches!(l, Layout::Chunked { .. })) {
         feature_incompat |= INCOMPAT_CHUNKED_FILE;
+    }
+    let mut u1 = 0u16;
+    if any_compressed {
+        feature_incompat |= INCOMPAT_ZERO_PADDING;
+        if cfg.needed {
+            feature_incompat |= INCOMPAT_COMPR_CFGS;
+            u1 = cfg.algs;
+        } else {
+            u1 = 0xFFFF; // lz4_max_distance: the default 64 KiB window
+        }
+    }
+    if any_inline_z {
+        feature_incompat |= INCOMPAT_ZTAILPACKING;
     }
     let mut sb = Superblock {
         magic: MAGIC,
@@ -416,6 +556,7 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
             .map_err(|_| BuildError::TooLarge("metadata beyond 2^32 blocks".into()))?,
         xattr_blkaddr: u32::try_from(shared_blk).unwrap_or(0),
         feature_incompat,
+        u1,
         ..Default::default()
     };
     if let Some(l) = &o.label {
@@ -450,6 +591,10 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     let sbb = sb.encode();
     let sbo = SB_OFFSET as usize;
     block0[sbo..sbo + sbb.len()].copy_from_slice(&sbb);
+    if big_pcluster {
+        let at = sbo + sbb.len();
+        block0[at..at + cfg.bytes.len()].copy_from_slice(&cfg.bytes);
+    }
     let clen = checksum_len(bs as u32);
     let csum = compute_checksum(&block0[sbo..sbo + clen]);
     block0[sbo + 4..sbo + 8].copy_from_slice(&csum.to_le_bytes());
@@ -475,6 +620,62 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
         }
     }
     Ok(r)
+}
+
+/// The compression config records (doc §1.5) and whether the image needs them:
+/// pclusters over one block or any algorithm other than LZ4.
+struct ComprCfg {
+    needed: bool,
+    algs: u16,
+    bytes: Vec<u8>,
+}
+
+fn compr_configs(o: &BuildOptions) -> ComprCfg {
+    let Some(c) = &o.compression else {
+        return ComprCfg {
+            needed: false,
+            algs: 0,
+            bytes: Vec::new(),
+        };
+    };
+    let max_pcl = std::iter::once(c.pcluster_size)
+        .chain(c.hints.iter().map(|h| h.pcluster_size))
+        .max()
+        .unwrap_or(o.block_size);
+    let mut algs = 0u16;
+    for a in &c.algorithms {
+        algs |= 1 << a.encoder.algorithm().id();
+    }
+    let needed = max_pcl > o.block_size || algs != 1;
+    let mut bytes = Vec::new();
+    if needed {
+        for id in 0..4u8 {
+            if algs & (1 << id) == 0 {
+                continue;
+            }
+            let Some(alg) = ferofs_compress::Algorithm::from_id(id) else {
+                continue;
+            };
+            let dict = c
+                .algorithms
+                .iter()
+                .filter(|a| a.encoder.algorithm() == alg)
+                .map(|a| a.effective_dict(max_pcl))
+                .max()
+                .unwrap_or(0);
+            let rec = ferofs_compress::config_record(alg, dict, (max_pcl / o.block_size) as u16);
+            while (SB_BASE_SIZE + bytes.len()) % 4 != 0 {
+                bytes.push(0);
+            }
+            bytes.extend_from_slice(&(rec.len() as u16).to_le_bytes());
+            bytes.extend_from_slice(&rec);
+        }
+    }
+    ComprCfg {
+        needed,
+        algs,
+        bytes,
+    }
 }
 
 fn set_v4(mut u: [u8; 16]) -> [u8; 16] {

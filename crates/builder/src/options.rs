@@ -38,6 +38,8 @@ pub struct BuildOptions {
     pub inline_data: bool,
     /// Worker threads, 0 = all cores. Never changes the output.
     pub threads: usize,
+    /// None: uncompressed. The CLI defaults to lz4hc level 9 with 4 KiB pclusters.
+    pub compression: Option<crate::zdata::Compression>,
 }
 
 impl Default for BuildOptions {
@@ -56,6 +58,7 @@ impl Default for BuildOptions {
             ignore_mtime: false,
             inline_data: true,
             threads: 0,
+            compression: None,
         }
     }
 }

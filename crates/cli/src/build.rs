@@ -2,7 +2,8 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ferofs_builder::{BuildOptions, UuidChoice};
+use ferofs_builder::{parse_hints, BuildOptions, Compression, UuidChoice};
+use ferofs_compress::CompressorSpec;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -42,7 +43,24 @@ pub struct BuildArgs {
     /// Store the build time instead of each file's mtime (smaller inodes).
     #[arg(long)]
     ignore_mtime: bool,
-    /// Extended options, comma-separated: `noinline_data` (or `^inline_data`).
+    /// Compression: `ALG[,level=N][,dictsize=B][:ALG2...]` with ALG in lz4, lz4hc, lzma,
+    /// deflate, zstd; `none` for an uncompressed image. Several algorithms may be listed
+    /// for --compress-hints to choose from (index 0 is the default).
+    #[arg(
+        short = 'z',
+        long = "compress",
+        default_value = "lz4hc,level=9",
+        value_name = "ALGS"
+    )]
+    compress: String,
+    /// Physical cluster size in bytes: one block (default) up to 1 MiB.
+    #[arg(short = 'C', long = "pcluster-size", value_name = "BYTES")]
+    pcluster_size: Option<u32>,
+    /// Per-file compression policy file (mkfs.erofs format: `PCLUSTER [ALG_INDEX] REGEX`).
+    #[arg(long, value_name = "FILE")]
+    compress_hints: Option<PathBuf>,
+    /// Extended options, comma-separated: `noinline_data` (or `^inline_data`),
+    /// `ztailpacking` (compressed tails inline behind the inode).
     #[arg(short = 'E', value_name = "OPTS")]
     extended: Vec<String>,
     /// Worker threads (0 = all cores). Output is identical for any value.
@@ -105,15 +123,36 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
             );
         }
     }
+    let mut ztail = false;
     for opt in a.extended.iter().flat_map(|e| e.split(',')) {
         match opt {
             "noinline_data" | "^inline_data" => o.inline_data = false,
+            "ztailpacking" => ztail = true,
+            "^ztailpacking" => ztail = false,
             "inline_data" => o.inline_data = true,
             "" => {}
             other => bail!("-E: unknown extended option {other:?}"),
         }
     }
     o.threads = a.threads;
+    if a.compress != "none" {
+        let mut c = Compression::default();
+        c.algorithms = a
+            .compress
+            .split(':')
+            .map(|s| CompressorSpec::parse(s).with_context(|| format!("-z {s:?}")))
+            .collect::<Result<_>>()?;
+        c.pcluster_size = a.pcluster_size.unwrap_or(a.block_size);
+        c.ztailpacking = ztail;
+        if let Some(h) = &a.compress_hints {
+            let text = std::fs::read_to_string(h)
+                .with_context(|| format!("--compress-hints {}", h.display()))?;
+            c.hints = parse_hints(&text, h)?;
+        }
+        o.compression = Some(c);
+    } else if a.pcluster_size.is_some() || a.compress_hints.is_some() || ztail {
+        bail!("-C, --compress-hints and -E ztailpacking need compression (not -z none)");
+    }
     Ok(o)
 }
 

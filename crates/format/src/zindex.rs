@@ -277,55 +277,26 @@ fn pack(
 }
 
 /// The pack's `base` (doc §8.5): the block the kernel adds counted pclusters to.
-fn pack_base(ents: &[Lcluster], big: bool, first_lcn: usize) -> Result<u32, IndexError> {
-    // Expected block of each head, checking physical consecutiveness as the kernel
-    // decoder assumes.
-    let mut base: Option<u32> = None;
-    let mut next_blk: Option<u32> = None; // block where the next counted pcluster starts
-    for (j, e) in ents.iter().enumerate() {
-        match *e {
-            Lcluster::Head { blkaddr, kind, .. } => {
-                let blocks = match ents.get(j + 1) {
-                    Some(Lcluster::NonHead { delta0, .. }) if big && delta0 & D0_CBLKCNT != 0 => {
-                        u32::from(delta0 & !D0_CBLKCNT)
-                    }
-                    _ => 1,
-                };
-                let _ = kind;
-                match next_blk {
-                    None => {
-                        base = Some(if big {
-                            blkaddr
-                        } else {
-                            blkaddr.wrapping_sub(1)
-                        });
-                    }
-                    Some(b) if b != blkaddr && blocks != 0 => {
-                        return Err(IndexError::NotConsecutive {
-                            lcn: (first_lcn + j) as u64,
-                        })
-                    }
-                    _ => {}
-                }
-                next_blk = Some(blkaddr.wrapping_add(blocks));
-            }
-            Lcluster::NonHead { delta0, .. } => {
-                if j == 0 && big && delta0 & D0_CBLKCNT != 0 {
-                    // Its head sits in the previous pack; the count starts with it, but
-                    // its start block is not known here: the caller's extents are
-                    // consecutive, so derive it from the next head if any.
-                    let blocks = u32::from(delta0 & !D0_CBLKCNT);
-                    if let Some(Lcluster::Head { blkaddr, .. }) =
-                        ents.iter().find(|x| matches!(x, Lcluster::Head { .. }))
-                    {
-                        base = Some(blkaddr.wrapping_sub(blocks));
-                        next_blk = Some(*blkaddr);
-                    }
-                }
-            }
-        }
+/// Pclusters must be physically consecutive in logical order (the writer stores them
+/// sequentially); an inline or fragment tail head and the EOF sentinel are never
+/// dereferenced, so their addresses do not matter.
+fn pack_base(ents: &[Lcluster], big: bool, _first_lcn: usize) -> Result<u32, IndexError> {
+    let first_head = ents.iter().position(|e| matches!(e, Lcluster::Head { .. }));
+    let Some(h) = first_head else { return Ok(0) };
+    let Lcluster::Head { blkaddr, .. } = ents[h] else {
+        return Ok(0);
+    };
+    if !big {
+        return Ok(blkaddr.wrapping_sub(1));
     }
-    Ok(base.unwrap_or(0))
+    // Big pclusters: a CBLKCNT in entry 0 belongs to a head in the previous pack, whose
+    // pcluster is counted first.
+    match ents.first() {
+        Some(Lcluster::NonHead { delta0, .. }) if delta0 & D0_CBLKCNT != 0 => {
+            Ok(blkaddr.wrapping_sub(u32::from(delta0 & !D0_CBLKCNT)))
+        }
+        _ => Ok(blkaddr),
+    }
 }
 
 #[cfg(test)]

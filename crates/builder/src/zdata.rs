@@ -1,0 +1,478 @@
+//! Compressed file data. Files are cut into segments that compress independently on
+//! all cores; an ordered committer then writes them in inode order, so the output is
+//! the same bytes for any thread count.
+//!
+//! Per segment, extents are produced greedily: the compressor fills one pcluster
+//! (`-C` bytes) from the longest input prefix it can. An extent whose compressed
+//! blocks would not be smaller than its input is stored PLAIN instead (one block,
+//! uncompressed). At the end of a file the last extent may be inlined behind the inode
+//! (ztailpacking), and a file that does not shrink at all is stored uncompressed.
+
+use crate::data::{data_segments, DataWriter, FileData};
+use crate::options::*;
+use crate::out::Out;
+use ferofs_compress::{new_compressor, CompressorSpec, FixedOutputCompressor};
+use ferofs_format::zindex::{ExtentDesc, HeadKind};
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// Compression settings for a build.
+#[derive(Debug, Clone)]
+pub struct Compression {
+    /// Algorithms in hint-index order; index 0 is the default.
+    pub algorithms: Vec<CompressorSpec>,
+    /// Default pcluster size in bytes (a multiple of the block size, <= 1 MiB).
+    pub pcluster_size: u32,
+    /// Inline the compressed tail behind the inode.
+    pub ztailpacking: bool,
+    /// Per-file policy, first match wins.
+    pub hints: Vec<Hint>,
+}
+
+impl Default for Compression {
+    fn default() -> Self {
+        Compression {
+            algorithms: vec![
+                CompressorSpec::parse("lz4hc,level=9").unwrap_or(CompressorSpec {
+                    encoder: ferofs_compress::Encoder::Lz4hc,
+                    level: 9,
+                    dict_size: None,
+                }),
+            ],
+            pcluster_size: 4096,
+            ztailpacking: false,
+            hints: Vec::new(),
+        }
+    }
+}
+
+impl Compression {
+    /// Largest pcluster any file may use (sizes the dictionaries in the superblock).
+    pub fn max_pcluster(&self) -> u32 {
+        std::iter::once(self.pcluster_size)
+            .chain(self.hints.iter().map(|h| h.pcluster_size))
+            .max()
+            .unwrap_or(self.pcluster_size)
+    }
+}
+
+/// One line of a hints file: `PCLUSTER_BYTES [ALGORITHM_INDEX] REGEX`.
+#[derive(Debug, Clone)]
+pub struct Hint {
+    pub pcluster_size: u32,
+    pub algorithm: usize,
+    pub regex: regex::Regex,
+}
+
+/// Parse a hints file in mkfs.erofs's `--compress-hints` format.
+pub fn parse_hints(text: &str, path: &Path) -> Result<Vec<Hint>> {
+    let mut v = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let bad = |what: String| BuildError::Invalid {
+            path: path.to_path_buf(),
+            what: format!("line {}: {what}", i + 1),
+        };
+        let mut it = line.split_whitespace();
+        let size: u32 = it
+            .next()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad("pcluster size expected".into()))?;
+        let rest: Vec<&str> = it.collect();
+        let (alg, re) = match rest.as_slice() {
+            [re] => (0usize, *re),
+            [a, re] => (
+                a.parse()
+                    .map_err(|_| bad(format!("algorithm index {a:?}")))?,
+                *re,
+            ),
+            _ => return Err(bad("expected `SIZE [ALG] REGEX`".into())),
+        };
+        let regex = regex::Regex::new(re).map_err(|e| bad(format!("regex: {e}")))?;
+        v.push(Hint {
+            pcluster_size: size,
+            algorithm: alg,
+            regex,
+        });
+    }
+    Ok(v)
+}
+
+/// Where a compressed file's data went.
+#[derive(Debug, Clone)]
+pub struct ZFile {
+    /// On-disk algorithm id for HEAD1 lclusters.
+    pub alg_id: u8,
+    pub extents: Vec<ExtentDesc>,
+    /// ztailpacking: the last extent's stored bytes, behind the inode.
+    pub inline: Option<(Vec<u8>, bool)>,
+    pub blocks: u64,
+}
+
+/// Result of storing one regular file.
+#[derive(Debug, Clone)]
+pub enum Stored {
+    Compressed(ZFile),
+    /// Stored uncompressed (did not shrink, or has holes).
+    Data(FileData),
+}
+
+/// One compressed piece of a segment.
+struct Piece {
+    lstart: u64,
+    /// Compressed stream (not padded), or raw bytes for PLAIN.
+    bytes: Vec<u8>,
+    plain: bool,
+}
+
+struct Job {
+    file: usize,
+    path: PathBuf,
+    start: u64,
+    end: u64,
+    alg: usize,
+    pcluster: u32,
+}
+
+/// Most input one extent may take (the kernel accepts up to 12 MiB decoded).
+const MAX_EXTENT_INPUT: usize = 4 << 20;
+/// Segment size: a file compresses in independent pieces of this many bytes.
+fn segment_size(pcluster: u32) -> u64 {
+    (16 * u64::from(pcluster)).max(4 << 20)
+}
+/// Input bytes handed to the workers at once.
+const WINDOW_BYTES: u64 = 64 << 20;
+
+/// The pcluster size and algorithm index for a file.
+pub fn policy(c: &Compression, rel: &[u8]) -> (usize, u32) {
+    let s = String::from_utf8_lossy(rel);
+    for h in &c.hints {
+        if h.regex.is_match(&s) {
+            return (
+                h.algorithm.min(c.algorithms.len().saturating_sub(1)),
+                h.pcluster_size,
+            );
+        }
+    }
+    (0, c.pcluster_size)
+}
+
+fn compress_segment(
+    job: &Job,
+    comps: &mut HashMap<(usize, u32), Box<dyn FixedOutputCompressor>>,
+    c: &Compression,
+    bs: u64,
+) -> Result<Vec<Piece>> {
+    let len = (job.end - job.start) as usize;
+    let mut data = vec![0u8; len];
+    let f = File::open(&job.path).map_err(io_err(&job.path, "compress: open"))?;
+    f.read_exact_at(&mut data, job.start).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            BuildError::Invalid {
+                path: job.path.clone(),
+                what: "file shrank while it was being read".into(),
+            }
+        } else {
+            io_err(&job.path, "compress: read")(e)
+        }
+    })?;
+    let key = (job.alg, job.pcluster);
+    if !comps.contains_key(&key) {
+        let spec = &c.algorithms[job.alg];
+        let comp = new_compressor(spec, c.max_pcluster())
+            .map_err(|e| BuildError::Options(e.to_string()))?;
+        comps.insert(key, comp);
+    }
+    let comp = comps
+        .get_mut(&key)
+        .ok_or_else(|| BuildError::Options("internal: compressor".into()))?;
+    let mut dst = vec![0u8; job.pcluster as usize];
+    let mut pieces = Vec::new();
+    let mut pos = 0usize;
+    // Bounded: every iteration consumes at least one byte.
+    while pos < len {
+        let src = &data[pos..len.min(pos + MAX_EXTENT_INPUT)];
+        let (consumed, written) = comp.compress_destsize(src, &mut dst);
+        let stored = (written as u64).div_ceil(bs) * bs;
+        if consumed > 0 && written > 0 && stored < consumed as u64 {
+            pieces.push(Piece {
+                lstart: job.start + pos as u64,
+                bytes: dst[..written].to_vec(),
+                plain: false,
+            });
+            pos += consumed;
+        } else {
+            // No gain: one uncompressed block.
+            let n = (bs as usize).min(len - pos);
+            pieces.push(Piece {
+                lstart: job.start + pos as u64,
+                bytes: data[pos..pos + n].to_vec(),
+                plain: true,
+            });
+            pos += n;
+        }
+    }
+    Ok(pieces)
+}
+
+/// Per-file commit state.
+struct Pending {
+    extents: Vec<ExtentDesc>,
+    first_blk: Option<u64>,
+    blocks: u64,
+    last: Option<Piece>,
+    alg: usize,
+}
+
+/// What the committer needs to know about each file to decide on inlining.
+pub struct FileReq {
+    pub id: usize,
+    pub path: PathBuf,
+    pub size: u64,
+    pub rel: Vec<u8>,
+    /// Bytes the inode needs before the map header (core + xattrs).
+    pub fixed_meta: u64,
+    /// An uncompressed tail may go behind the inode.
+    pub inline_tail: bool,
+}
+
+/// Compress every file in `files` (inode order) and write the data at `next_blk`.
+/// Returns one `Stored` per file and the next free block.
+pub fn store_all(
+    files: &[FileReq],
+    c: &Compression,
+    out: &mut Out,
+    bits: u8,
+    mut next_blk: u64,
+    threads: usize,
+) -> Result<(Vec<Stored>, u64)> {
+    let bs = 1u64 << bits;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| BuildError::Options(format!("thread pool: {e}")))?;
+    // Files with holes keep them (chunk-based, uncompressed); the rest compress.
+    let holey: Vec<bool> = pool.install(|| {
+        files
+            .par_iter()
+            .map(|f| {
+                File::open(&f.path)
+                    .ok()
+                    .and_then(|h| data_segments(&h, f.size))
+                    .is_some()
+            })
+            .collect()
+    });
+    let mut jobs = Vec::new();
+    for (fi, f) in files.iter().enumerate() {
+        if holey[fi] || f.size == 0 {
+            continue;
+        }
+        let (alg, pcl) = policy(c, &f.rel);
+        let seg = segment_size(pcl);
+        let mut s = 0;
+        while s < f.size {
+            let e = (s + seg).min(f.size);
+            jobs.push(Job {
+                file: fi,
+                path: f.path.clone(),
+                start: s,
+                end: e,
+                alg,
+                pcluster: pcl,
+            });
+            s = e;
+        }
+    }
+    let mut results: Vec<Option<Stored>> = (0..files.len()).map(|_| None).collect();
+    let mut pending: Option<(usize, Pending)> = None;
+    // Files before `done_upto` are committed.
+    let mut done_upto = 0usize;
+    let mut i = 0;
+    while i < jobs.len() {
+        let mut j = i;
+        let mut bytes = 0;
+        while j < jobs.len() && (bytes < WINDOW_BYTES || j == i) {
+            bytes += jobs[j].end - jobs[j].start;
+            j += 1;
+        }
+        let window = &jobs[i..j];
+        let outs: Vec<Result<Vec<Piece>>> = pool.install(|| {
+            window
+                .par_iter()
+                .map_init(HashMap::new, |comps, job| {
+                    compress_segment(job, comps, c, bs)
+                })
+                .collect()
+        });
+        for (job, res) in window.iter().zip(outs) {
+            let pieces = res?;
+            if pending.as_ref().map(|(f, _)| *f) != Some(job.file) {
+                if let Some((f, p)) = pending.take() {
+                    results[f] = Some(finish_file(&files[f], p, c, out, bits, &mut next_blk)?);
+                    done_upto = f + 1;
+                }
+                // Files without jobs (holes, empty) between the last one and this one.
+                for f in done_upto..job.file {
+                    results[f] = Some(store_raw(&files[f], out, bits, &mut next_blk)?);
+                }
+                done_upto = job.file;
+                pending = Some((
+                    job.file,
+                    Pending {
+                        extents: Vec::new(),
+                        first_blk: None,
+                        blocks: 0,
+                        last: None,
+                        alg: job.alg,
+                    },
+                ));
+            }
+            let Some((_, p)) = pending.as_mut() else {
+                continue;
+            };
+            for piece in pieces {
+                if let Some(prev) = p.last.take() {
+                    write_piece(prev, p, out, bits, &mut next_blk, c)?;
+                }
+                p.last = Some(piece);
+            }
+        }
+        i = j;
+    }
+    if let Some((f, p)) = pending.take() {
+        results[f] = Some(finish_file(&files[f], p, c, out, bits, &mut next_blk)?);
+        done_upto = f + 1;
+    }
+    for f in done_upto..files.len() {
+        results[f] = Some(store_raw(&files[f], out, bits, &mut next_blk)?);
+    }
+    let mut v = Vec::with_capacity(files.len());
+    for r in results {
+        v.push(r.ok_or_else(|| BuildError::Options("internal: file not stored".into()))?);
+    }
+    Ok((v, next_blk))
+}
+
+/// Store a file uncompressed at `next_blk` (flat, inline tail, or chunks for holes).
+fn store_raw(f: &FileReq, out: &mut Out, bits: u8, next_blk: &mut u64) -> Result<Stored> {
+    let mut dw = DataWriter {
+        out,
+        blkszbits: bits,
+        next_blk: *next_blk,
+        buf: Vec::new(),
+    };
+    let d = dw.store_file(&f.path, f.size, f.inline_tail)?;
+    *next_blk = dw.next_blk;
+    Ok(Stored::Data(d))
+}
+
+fn write_piece(
+    piece: Piece,
+    p: &mut Pending,
+    out: &mut Out,
+    bits: u8,
+    next_blk: &mut u64,
+    c: &Compression,
+) -> Result<()> {
+    let bs = 1u64 << bits;
+    let blocks = if piece.plain {
+        1
+    } else {
+        (piece.bytes.len() as u64).div_ceil(bs)
+    };
+    let mut buf = vec![0u8; (blocks * bs) as usize];
+    if piece.plain {
+        buf[..piece.bytes.len()].copy_from_slice(&piece.bytes);
+    } else {
+        // Right-aligned behind zero padding (ZERO_PADDING).
+        let off = buf.len() - piece.bytes.len();
+        buf[off..].copy_from_slice(&piece.bytes);
+    }
+    out.write_at(*next_blk << bits, &buf)?;
+    let blkaddr = u32::try_from(*next_blk)
+        .map_err(|_| BuildError::TooLarge("compressed data beyond 2^32 blocks".into()))?;
+    p.extents.push(ExtentDesc {
+        lstart: piece.lstart,
+        kind: if piece.plain {
+            HeadKind::Plain
+        } else {
+            HeadKind::Head1
+        },
+        blkaddr,
+        blocks: blocks as u16,
+    });
+    p.first_blk.get_or_insert(*next_blk);
+    p.blocks += blocks;
+    *next_blk += blocks;
+    let _ = c;
+    Ok(())
+}
+
+/// Upper bound of the index area (compact 2B, any alignment) for `size` bytes.
+pub fn max_index_bytes(size: u64, bits: u8) -> u64 {
+    let n = size.div_ceil(1 << bits) as usize;
+    (0..4u64)
+        .map(|a| ferofs_format::zindex::compact_size(n, a * 8, true) as u64)
+        .max()
+        .unwrap_or(0)
+}
+
+fn finish_file(
+    f: &FileReq,
+    mut p: Pending,
+    c: &Compression,
+    out: &mut Out,
+    bits: u8,
+    next_blk: &mut u64,
+) -> Result<Stored> {
+    let bs = 1u64 << bits;
+    let Some(last) = p.last.take() else {
+        return store_raw(f, out, bits, next_blk);
+    };
+    // ztailpacking: the last extent behind the inode when the record fits one block.
+    let meta_before = f.fixed_meta.div_ceil(8) * 8 + 8 + max_index_bytes(f.size, bits);
+    let inline_ok = c.ztailpacking
+        && (last.bytes.len() as u64) < bs
+        && meta_before + last.bytes.len() as u64 <= bs;
+    let mut inline = None;
+    if inline_ok {
+        let blkaddr = u32::try_from(*next_blk).unwrap_or(u32::MAX);
+        p.extents.push(ExtentDesc {
+            lstart: last.lstart,
+            kind: if last.plain {
+                HeadKind::Plain
+            } else {
+                HeadKind::Head1
+            },
+            blkaddr,
+            blocks: 0,
+        });
+        inline = Some((last.bytes, last.plain));
+    } else {
+        write_piece(last, &mut p, out, bits, next_blk, c)?;
+    }
+    // Does the file shrink? Stored blocks + inline bytes + index vs. the raw size.
+    let inline_len = inline.as_ref().map_or(0, |(b, _)| b.len() as u64);
+    let stored = p.blocks * bs + inline_len + max_index_bytes(f.size, bits) + 8;
+    if stored >= f.size.div_ceil(bs) * bs {
+        // Roll back (nothing was written after this file) and store it raw.
+        if let Some(first) = p.first_blk {
+            *next_blk = first;
+        }
+        return store_raw(f, out, bits, next_blk);
+    }
+    let alg_id = c.algorithms[p.alg].encoder.algorithm().id();
+    Ok(Stored::Compressed(ZFile {
+        alg_id,
+        extents: p.extents,
+        inline,
+        blocks: p.blocks,
+    }))
+}

@@ -29,14 +29,25 @@ impl FixedOutputCompressor for Deflate {
     fn compress_destsize(&mut self, src: &[u8], dst: &mut [u8]) -> (usize, usize) {
         let c = &mut self.c;
         let mut scratch = std::mem::take(&mut self.scratch);
-        let r = longest_prefix(src.len(), dst, &mut self.ratio, &mut scratch, |n, out| {
-            match c.deflate_compress(&src[..n], out) {
-                // A stream starting with 0x00 (a stored block) would be mistaken for
-                // zero padding: treat it as not fitting.
-                Ok(w) if w > 0 && out[0] != 0 => Some(w),
-                _ => None,
-            }
-        });
+        let bound = |n: usize| n + n / 16 + 1024;
+        let r = longest_prefix(
+            src.len(),
+            dst,
+            &mut self.ratio,
+            512,
+            &mut scratch,
+            bound,
+            |n, out| {
+                match c.deflate_compress(&src[..n], out) {
+                    // A stream starting with 0x00 (a stored block) would be mistaken for
+                    // zero padding: treat it as not fitting.
+                    Ok(w) if w > 0 && out[0] != 0 => Some(w),
+                    // A leading stored block: count it as not fitting.
+                    Ok(_) => Some(usize::MAX),
+                    Err(_) => None,
+                }
+            },
+        );
         self.scratch = scratch;
         r
     }

@@ -92,7 +92,7 @@ impl Encoder {
             Encoder::Lz4 => (1, 1..=1),
             Encoder::Lz4hc => (9, 1..=12),
             Encoder::Lzma => (6, 0..=9),
-            Encoder::Deflate => (9, 1..=12),
+            Encoder::Deflate => (6, 1..=12),
             Encoder::Zstd => (3, -22..=22),
         }
     }

@@ -33,9 +33,16 @@ impl FixedOutputCompressor for Zstd {
     fn compress_destsize(&mut self, src: &[u8], dst: &mut [u8]) -> (usize, usize) {
         let c = &mut self.c;
         let mut scratch = std::mem::take(&mut self.scratch);
-        let r = longest_prefix(src.len(), dst, &mut self.ratio, &mut scratch, |n, out| {
-            c.compress_to_buffer(&src[..n], out).ok().filter(|&w| w > 0)
-        });
+        let bound = |n: usize| zstd::zstd_safe::compress_bound(n);
+        let r = longest_prefix(
+            src.len(),
+            dst,
+            &mut self.ratio,
+            512,
+            &mut scratch,
+            bound,
+            |n, out| c.compress_to_buffer(&src[..n], out).ok().filter(|&w| w > 0),
+        );
         self.scratch = scratch;
         r
     }

@@ -664,7 +664,7 @@ fn compr_configs(o: &BuildOptions) -> ComprCfg {
                 .max()
                 .unwrap_or(0);
             let rec = ferofs_compress::config_record(alg, dict, (max_pcl / o.block_size) as u16);
-            while (SB_BASE_SIZE + bytes.len()) % 4 != 0 {
+            while !(SB_BASE_SIZE + bytes.len()).is_multiple_of(4) {
                 bytes.push(0);
             }
             bytes.extend_from_slice(&(rec.len() as u16).to_le_bytes());

@@ -183,11 +183,11 @@ fn compress_segment(
         }
     })?;
     let key = (job.alg, job.pcluster);
-    if !comps.contains_key(&key) {
+    if let std::collections::hash_map::Entry::Vacant(e) = comps.entry(key) {
         let spec = &c.algorithms[job.alg];
         let comp = new_compressor(spec, c.max_pcluster())
             .map_err(|e| BuildError::Options(e.to_string()))?;
-        comps.insert(key, comp);
+        e.insert(comp);
     }
     let comp = comps
         .get_mut(&key)

@@ -21,7 +21,7 @@ fn text(n: usize) -> Vec<u8> {
         x ^= x >> 7;
         x ^= x << 17;
         v.extend_from_slice(words[(x % 8) as usize].as_bytes());
-        if x % 5 == 0 {
+        if x.is_multiple_of(5) {
             v.extend_from_slice(format!("{}", x % 1000).as_bytes());
         }
     }

@@ -228,7 +228,7 @@ pub fn xattr_icount_for(size: usize) -> Option<u16> {
     if size == 0 {
         return Some(0);
     }
-    if size < 16 || (size - 12) % 4 != 0 {
+    if size < 16 || !(size - 12).is_multiple_of(4) {
         return None;
     }
     u16::try_from((size - 12) / 4 + 1).ok()

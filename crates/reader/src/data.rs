@@ -120,7 +120,7 @@ impl<S: Source> Image<S> {
                 // The inline tail, right after the inode core and xattrs.
                 let tail_len = ino.size - flat_end;
                 let (ipos, _) = self.inode_pos(ino.nid)?;
-                let tail_pos = ipos.checked_add(ino.meta_size).unwrap_or(u64::MAX);
+                let tail_pos = ipos.saturating_add(ino.meta_size);
                 if (tail_pos % blksz) + tail_len > blksz {
                     return Err(corrupt(
                         CorruptKind::BadInlineData,
@@ -170,7 +170,7 @@ impl<S: Source> Image<S> {
         };
         let (ipos, _) = self.inode_pos(ino.nid)?;
         let e = ipos + ino.meta_size;
-        let arr = (e + unit - 1) / unit * unit - ipos;
+        let arr = e.div_ceil(unit) * unit - ipos;
         let off = arr + idx * unit;
         let start = idx << chunkbits;
         let round_size = ino.size.div_ceil(1 << bits) << bits;

@@ -241,7 +241,7 @@ pub(crate) fn parse_dir_block(buf: &[u8], nid: u64, blk_off: u64) -> Result<Vec<
         ));
     }
     let first = u16::from_le_bytes([buf[8], buf[9]]) as usize;
-    if first < DIRENT_SIZE || first % DIRENT_SIZE != 0 || first >= buf.len() {
+    if first < DIRENT_SIZE || !first.is_multiple_of(DIRENT_SIZE) || first >= buf.len() {
         return Err(bad(8, first as u64, "first nameoff out of range"));
     }
     let n = first / DIRENT_SIZE;

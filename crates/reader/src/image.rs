@@ -298,7 +298,7 @@ impl<S: Source> Image<S> {
         })?;
         if in_metabox {
             let mb = self.metabox_inode()?;
-            let end = at.checked_add(buf.len() as u64).unwrap_or(u64::MAX);
+            let end = at.saturating_add(buf.len() as u64);
             if end > mb.size {
                 return Err(corrupt(
                     CorruptKind::NidOutOfRange,
@@ -320,7 +320,7 @@ impl<S: Source> Image<S> {
             }
             Ok(())
         } else {
-            let end = at.checked_add(buf.len() as u64).unwrap_or(u64::MAX);
+            let end = at.saturating_add(buf.len() as u64);
             if end > self.len {
                 return Err(corrupt(
                     CorruptKind::NidOutOfRange,

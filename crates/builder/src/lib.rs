@@ -301,56 +301,69 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
         }
     };
     let mut nid_off = vec![0u64; n]; // byte offset inside the metadata region
-    let mut open: Vec<(u64, u64)> = Vec::new(); // (block index, used bytes)
+                                     // Best fit: partially used metadata blocks by (free bytes, block), so each record
+                                     // goes to the fullest block it fits in. Deterministic: ties go to the lowest block.
+    let mut free_set: std::collections::BTreeSet<(u64, u64)> = std::collections::BTreeSet::new();
     let mut meta_blocks = 0u64;
-    const OPEN_LIMIT: usize = 16;
+    let bad_inline = |id: InodeId| BuildError::Invalid {
+        path: String::from_utf8_lossy(&tree.nodes[id].rel)
+            .into_owned()
+            .into(),
+        what: "inline record larger than a block".into(),
+    };
     for id in 0..n {
         let len0 = record_len(id, 0).div_ceil(32) * 32;
         let has_inline = matches!(layouts[id], Layout::Inline { .. })
             || content_inline[id]
             || matches!(&layouts[id], Layout::Compressed(z) if z.inline.is_some());
-        let len = len0;
-        if len > bs {
+        if len0 > bs {
             if has_inline {
-                return Err(BuildError::Invalid {
-                    path: String::from_utf8_lossy(&tree.nodes[id].rel)
-                        .into_owned()
-                        .into(),
-                    what: "inline record larger than a block".into(),
-                });
+                return Err(bad_inline(id));
             }
             nid_off[id] = meta_blocks * bs;
-            meta_blocks += len.div_ceil(bs);
+            meta_blocks += record_len(id, nid_off[id]).div_ceil(bs);
             continue;
         }
-        // Root first and alone at offset 0 of block 0 so its nid fits 16 bits.
-        let slot = open
-            .iter_mut()
-            .find(|(blk, used)| *used + record_len(id, *blk * bs + *used).div_ceil(32) * 32 <= bs);
-        match slot {
-            Some((blk, used)) => {
-                nid_off[id] = *blk * bs + *used;
-                *used += record_len(id, nid_off[id]).div_ceil(32) * 32;
+        // Candidates from the smallest sufficient free space up; compact index sizes
+        // depend on the offset, so confirm the real length at the candidate.
+        let mut chosen = None;
+        let lower = if matches!(layouts[id], Layout::Compressed(_)) {
+            len0.saturating_sub(32)
+        } else {
+            len0
+        };
+        for &(free, blk) in free_set.range((lower, 0)..).take(8) {
+            let used = bs - free;
+            let len = record_len(id, blk * bs + used).div_ceil(32) * 32;
+            if used + len <= bs {
+                chosen = Some((free, blk, len));
+                break;
+            }
+        }
+        match chosen {
+            Some((free, blk, len)) => {
+                free_set.remove(&(free, blk));
+                let used = bs - free;
+                nid_off[id] = blk * bs + used;
+                let nfree = free - len;
+                if nfree >= 32 {
+                    free_set.insert((nfree, blk));
+                }
             }
             None => {
-                nid_off[id] = meta_blocks * bs;
+                // A new block (the root is the first record: offset 0, nid 0).
+                let blk = meta_blocks;
+                meta_blocks += 1;
+                nid_off[id] = blk * bs;
                 let len = record_len(id, nid_off[id]).div_ceil(32) * 32;
                 if len > bs && has_inline {
-                    return Err(BuildError::Invalid {
-                        path: String::from_utf8_lossy(&tree.nodes[id].rel)
-                            .into_owned()
-                            .into(),
-                        what: "inline record larger than a block".into(),
-                    });
+                    return Err(bad_inline(id));
                 }
-                open.push((meta_blocks, len));
-                meta_blocks += 1;
-                if open.len() > OPEN_LIMIT {
-                    open.remove(0);
+                if bs - len >= 32 {
+                    free_set.insert((bs - len, blk));
                 }
             }
         }
-        open.retain(|(_, used)| bs - *used >= 32);
     }
     let meta_blkaddr = data_end;
     let nid_of = |id: InodeId| nid_off[id] / 32;
@@ -600,7 +613,7 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     block0[sbo + 4..sbo + 8].copy_from_slice(&csum.to_le_bytes());
     out.write_at(0, &block0)?;
     out.set_len(total_blocks * bs)?;
-    out.finish()?;
+    out.finish(o.fsync)?;
 
     let mut r = BuildReport {
         inodes: n as u64,

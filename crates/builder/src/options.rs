@@ -38,6 +38,8 @@ pub struct BuildOptions {
     pub inline_data: bool,
     /// Worker threads, 0 = all cores. Never changes the output.
     pub threads: usize,
+    /// fsync the image before renaming it into place.
+    pub fsync: bool,
     /// None: uncompressed. The CLI defaults to lz4hc level 9 with 4 KiB pclusters.
     pub compression: Option<crate::zdata::Compression>,
 }
@@ -59,6 +61,7 @@ impl Default for BuildOptions {
             inline_data: true,
             threads: 0,
             compression: None,
+            fsync: false,
         }
     }
 }

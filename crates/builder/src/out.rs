@@ -2,16 +2,16 @@
 //! content hash (for the derived UUID), and rename-on-success.
 
 use crate::options::*;
-use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use xxhash_rust::xxh3::Xxh3;
 
 pub struct Out {
     file: File,
     tmp: PathBuf,
     target: PathBuf,
-    hasher: Sha256,
+    hasher: Xxh3,
     done: bool,
 }
 
@@ -37,23 +37,24 @@ impl Out {
             file,
             tmp,
             target: target.to_path_buf(),
-            hasher: Sha256::new(),
+            hasher: Xxh3::new(),
             done: false,
         })
     }
 
     /// Write `data` at byte `off`; hashed in call order (which is deterministic).
     pub fn write_at(&mut self, off: u64, data: &[u8]) -> Result<()> {
-        self.hasher.update(off.to_le_bytes());
+        self.hasher.update(&off.to_le_bytes());
         self.hasher.update(data);
         self.file
             .write_all_at(data, off)
             .map_err(io_err(&self.tmp, "write output"))
     }
 
-    /// Hash of everything written so far.
-    pub fn content_hash(&self) -> [u8; 32] {
-        self.hasher.clone().finalize().into()
+    /// 128-bit hash of everything written so far (xxh3: fast, not cryptographic —
+    /// it only seeds the derived UUID).
+    pub fn content_hash(&self) -> [u8; 16] {
+        self.hasher.digest128().to_le_bytes()
     }
 
     pub fn set_len(&mut self, len: u64) -> Result<()> {
@@ -62,11 +63,14 @@ impl Out {
             .map_err(io_err(&self.tmp, "size output"))
     }
 
-    /// fsync and rename over the target.
-    pub fn finish(mut self) -> Result<()> {
-        self.file
-            .sync_all()
-            .map_err(io_err(&self.tmp, "sync output"))?;
+    /// Rename over the target (fsync first when `durable`: slower, but a crash right
+    /// after the build cannot leave a partly written image under the final name).
+    pub fn finish(mut self, durable: bool) -> Result<()> {
+        if durable {
+            self.file
+                .sync_all()
+                .map_err(io_err(&self.tmp, "sync output"))?;
+        }
         std::fs::rename(&self.tmp, &self.target).map_err(io_err(&self.target, "rename output"))?;
         self.done = true;
         Ok(())

@@ -66,6 +66,9 @@ pub struct BuildArgs {
     /// Worker threads (0 = all cores). Output is identical for any value.
     #[arg(short = 'j', long, default_value_t = 0)]
     threads: usize,
+    /// fsync the image before renaming it into place (crash-safe, slower).
+    #[arg(long)]
+    fsync: bool,
     /// Print nothing but errors.
     #[arg(short, long)]
     quiet: bool,
@@ -135,6 +138,7 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
         }
     }
     o.threads = a.threads;
+    o.fsync = a.fsync;
     if a.compress != "none" {
         let mut c = Compression::default();
         c.algorithms = a

@@ -327,11 +327,11 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
         // Candidates from the smallest sufficient free space up; compact index sizes
         // depend on the offset, so confirm the real length at the candidate.
         let mut chosen = None;
-        let lower = if matches!(layouts[id], Layout::Compressed(_)) {
-            len0.saturating_sub(32)
-        } else {
-            len0
-        };
+        // The index size depends on the offset modulo 32 (index areas are 8-aligned).
+        let lower = (0..4u64)
+            .map(|a| record_len(id, a * 8).div_ceil(32) * 32)
+            .min()
+            .unwrap_or(len0);
         for &(free, blk) in free_set.range((lower, 0)..).take(8) {
             let used = bs - free;
             let len = record_len(id, blk * bs + used).div_ceil(32) * 32;

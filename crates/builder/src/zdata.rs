@@ -144,7 +144,7 @@ struct Job {
 const MAX_EXTENT_INPUT: usize = 4 << 20;
 /// Segment size: a file compresses in independent pieces of this many bytes.
 fn segment_size(pcluster: u32) -> u64 {
-    (16 * u64::from(pcluster)).max(4 << 20)
+    (16 * u64::from(pcluster)).max(16 << 20)
 }
 /// Input bytes handed to the workers at once.
 const WINDOW_BYTES: u64 = 64 << 20;

@@ -1,23 +1,39 @@
-//! Raw DEFLATE: libdeflate to compress (with a prefix search), miniz_oxide to inflate
-//! (streaming, so a prefix can be decoded).
+//! Raw DEFLATE (algorithm 2): libdeflate compresses (with the prefix search: libdeflate
+//! has no fixed-output mode); libdeflate inflates whole streams and miniz_oxide
+//! inflates prefixes (it can stop when the output buffer is full).
+//!
+//! Window: libdeflate always uses the full 32 KiB DEFLATE window, so the config record
+//! declares windowbits 15 (what the kernel also assumes).
 
-use crate::search::longest_prefix;
-use crate::{Algorithm, FixedOutputCompressor};
-use libdeflater::{CompressionLvl, Compressor};
+use crate::search::PrefixSearch;
+use crate::{Algorithm, DecompressError, ErrorKind, FixedOutputCompressor};
+use libdeflater::{CompressionLvl, Compressor, DecompressionError, Decompressor};
+use std::cell::RefCell;
 
 pub struct Deflate {
     c: Compressor,
-    ratio: f64,
-    scratch: Vec<u8>,
+    search: PrefixSearch,
 }
 
 impl Deflate {
+    /// `level` 1..=12 (validated by the spec parser; out-of-range falls back to 6).
     pub fn new(level: i32) -> Self {
         let lvl = CompressionLvl::new(level).unwrap_or_default();
         Deflate {
             c: Compressor::new(lvl),
-            ratio: 3.0,
-            scratch: Vec::new(),
+            search: PrefixSearch::default(),
+        }
+    }
+}
+
+/// Make a stream that opens with a non-final stored block start with a non-zero byte:
+/// its first byte holds BFINAL=0, BTYPE=00 and five padding bits that every inflater
+/// skips (RFC 1951 §3.2.4), so set one of the padding bits. A zero first byte would be
+/// taken for the pcluster's zero padding (format doc §9.1).
+fn fix_leading_zero(stream: &mut [u8]) {
+    if let Some(b) = stream.first_mut() {
+        if *b == 0 {
+            *b = 1 << 3;
         }
     }
 }
@@ -26,43 +42,60 @@ impl FixedOutputCompressor for Deflate {
     fn algorithm(&self) -> Algorithm {
         Algorithm::Deflate
     }
+
     fn compress_destsize(&mut self, src: &[u8], dst: &mut [u8]) -> (usize, usize) {
         let c = &mut self.c;
-        let mut scratch = std::mem::take(&mut self.scratch);
-        let bound = |n: usize| n + n / 16 + 1024;
-        let r = longest_prefix(
-            src.len(),
-            dst,
-            &mut self.ratio,
-            512,
-            &mut scratch,
-            bound,
-            |n, out| {
-                match c.deflate_compress(&src[..n], out) {
-                    // A stream starting with 0x00 (a stored block) would be mistaken for
-                    // zero padding: treat it as not fitting.
-                    Ok(w) if w > 0 && out[0] != 0 => Some(w),
-                    // A leading stored block: count it as not fitting.
-                    Ok(_) => Some(usize::MAX),
-                    Err(_) => None,
-                }
-            },
-        );
-        self.scratch = scratch;
-        r
+        let bound = c.deflate_compress_bound(src.len());
+        self.search.run(src, dst, bound, |prefix, out| {
+            let w = c.deflate_compress(prefix, out).ok()?;
+            fix_leading_zero(&mut out[..w]);
+            Some(w)
+        })
     }
 }
 
-/// Inflate into `dst`, stopping when it is full. Returns bytes produced.
-pub fn inflate(src: &[u8], dst: &mut [u8]) -> Option<usize> {
-    use miniz_oxide::inflate::core::{decompress, inflate_flags::*, DecompressorOxide};
+thread_local! {
+    static INFLATER: RefCell<Decompressor> = RefCell::new(Decompressor::new());
+}
+
+/// Inflate exactly `dst.len()` bytes (the stream must end there) or, with `partial`,
+/// the first `dst.len()` bytes of a stream that may hold more.
+pub fn decompress(src: &[u8], dst: &mut [u8], partial: bool) -> Result<(), DecompressError> {
+    let err = |kind| DecompressError {
+        alg: Algorithm::Deflate,
+        kind,
+    };
+    if !partial {
+        // libdeflate: fast, and fails unless the final block ends within `dst`.
+        let r = INFLATER.with(|d| match d.try_borrow_mut() {
+            Ok(mut d) => d.deflate_decompress(src, dst),
+            Err(_) => Decompressor::new().deflate_decompress(src, dst),
+        });
+        return match r {
+            Ok(n) if n == dst.len() => Ok(()),
+            Ok(n) => Err(err(ErrorKind::Short {
+                produced: n,
+                wanted: dst.len(),
+            })),
+            Err(DecompressionError::InsufficientSpace) => Err(err(ErrorKind::TooLong)),
+            Err(DecompressionError::BadData) => Err(err(ErrorKind::Corrupt("bad DEFLATE data"))),
+        };
+    }
+    use miniz_oxide::inflate::core::{decompress, inflate_flags, DecompressorOxide};
     use miniz_oxide::inflate::TINFLStatus;
-    let mut d = DecompressorOxide::new();
-    let flags = TINFL_FLAG_USING_NON_WRAPPING_OUTPUT_BUF;
+    let mut d = Box::<DecompressorOxide>::default();
+    // The whole stream is in `src`; `dst` is the complete output buffer from offset 0.
+    let flags = inflate_flags::TINFL_FLAG_USING_NON_WRAPPING_OUTPUT_BUF;
     let (status, _read, written) = decompress(&mut d, src, dst, 0, flags);
     match status {
-        TINFLStatus::Done | TINFLStatus::HasMoreOutput => Some(written),
-        TINFLStatus::NeedsMoreInput => Some(written),
-        _ => None,
+        TINFLStatus::Done | TINFLStatus::HasMoreOutput if written == dst.len() => Ok(()),
+        TINFLStatus::Done | TINFLStatus::HasMoreOutput => Err(err(ErrorKind::Short {
+            produced: written,
+            wanted: dst.len(),
+        })),
+        TINFLStatus::FailedCannotMakeProgress | TINFLStatus::NeedsMoreInput => {
+            Err(err(ErrorKind::Truncated))
+        }
+        _ => Err(err(ErrorKind::Corrupt("bad DEFLATE data"))),
     }
 }

@@ -25,6 +25,12 @@ pub mod lz4 {
             target_dst_size: c_int,
             level: c_int,
         ) -> c_int;
+        fn LZ4_decompress_safe(
+            src: *const c_char,
+            dst: *mut c_char,
+            src_size: c_int,
+            dst_capacity: c_int,
+        ) -> c_int;
         fn LZ4_decompress_safe_partial(
             src: *const c_char,
             dst: *mut c_char,
@@ -106,12 +112,36 @@ pub mod lz4 {
         }
     }
 
-    /// Decode at least `dst.len()` bytes if the stream holds them (partial decoding);
-    /// returns the bytes produced, or None for a corrupt stream.
+    /// Decode a whole stream of exactly `src.len()` bytes into `dst`; returns the bytes
+    /// produced, or None for a corrupt stream or one that does not fit `dst`.
+    pub fn decompress_full(src: &[u8], dst: &mut [u8]) -> Option<usize> {
+        if src.len() > c_int::MAX as usize || dst.len() > c_int::MAX as usize {
+            return None;
+        }
+        // SAFETY: LZ4_decompress_safe never reads past src_size bytes of src nor
+        // writes past dst_capacity bytes of dst, whatever the input; both sizes are the
+        // slices' own lengths (checked to fit a c_int above).
+        let n = unsafe {
+            LZ4_decompress_safe(
+                src.as_ptr().cast(),
+                dst.as_mut_ptr().cast(),
+                clamp_int(src.len()),
+                clamp_int(dst.len()),
+            )
+        };
+        usize::try_from(n).ok()
+    }
+
+    /// Decode the first `dst.len()` bytes (or fewer if the stream ends first); returns
+    /// the bytes produced, or None for a corrupt stream.
     pub fn decompress_partial(src: &[u8], dst: &mut [u8]) -> Option<usize> {
+        if src.len() > c_int::MAX as usize || dst.len() > c_int::MAX as usize {
+            return None;
+        }
         let cap = clamp_int(dst.len());
         // SAFETY: LZ4_decompress_safe_partial never reads past src_size bytes of src
-        // nor writes past dst_capacity bytes of dst, whatever the input.
+        // nor writes past dst_capacity bytes of dst, whatever the input; both sizes are
+        // the slices' own lengths (checked to fit a c_int above).
         let n = unsafe {
             LZ4_decompress_safe_partial(
                 src.as_ptr().cast(),
@@ -129,90 +159,133 @@ pub mod lz4 {
 pub mod lzma {
     use liblzma_sys::*;
 
-    /// An lzma_stream that is always ended.
-    struct Stream(lzma_stream);
+    /// An `lzma_stream` owned by Rust: zero-initialised (`LZMA_STREAM_INIT`), reusable
+    /// across coder initialisations (liblzma keeps its allocations when the next coder
+    /// has the same shape), ended on drop. Between calls its buffer pointers are null.
+    pub struct Stream(lzma_stream);
+
+    // SAFETY: liblzma has no thread affinity; a stream may be used from any one thread
+    // at a time, which `&mut self` on every method guarantees. The buffer pointers are
+    // reset to null after each call, so no borrowed slice is referenced across threads.
+    unsafe impl Send for Stream {}
 
     impl Stream {
-        fn new() -> Self {
-            // SAFETY: LZMA_STREAM_INIT is an all-zero lzma_stream (pointers null,
-            // counters zero); liblzma documents zero-initialisation as valid.
+        pub fn new() -> Self {
+            // SAFETY: LZMA_STREAM_INIT is an all-zero lzma_stream (null pointers, zero
+            // counters, null allocator = malloc); all fields are integers or pointers.
             Stream(unsafe { std::mem::zeroed() })
+        }
+
+        /// Run the initialised coder once with LZMA_FINISH over `src` into `dst`;
+        /// returns liblzma's status and (total_in, total_out).
+        fn finish(&mut self, src: &[u8], dst: &mut [u8]) -> (lzma_ret, usize, usize) {
+            let s = &mut self.0;
+            s.next_in = src.as_ptr();
+            s.avail_in = src.len();
+            s.next_out = dst.as_mut_ptr();
+            s.avail_out = dst.len();
+            // SAFETY: the stream holds an initialised coder (callers check the init
+            // result); next_in/next_out point into live slices of the given lengths,
+            // borrowed for the duration of this call only, and liblzma never accesses
+            // more than avail_in / avail_out bytes of them.
+            let r = unsafe { lzma_code(s, LZMA_FINISH) };
+            let (used_in, used_out) = (src.len() - s.avail_in, dst.len() - s.avail_out);
+            s.next_in = std::ptr::null();
+            s.avail_in = 0;
+            s.next_out = std::ptr::null_mut();
+            s.avail_out = 0;
+            (r, used_in, used_out)
+        }
+
+        /// Decode a MicroLZMA stream of exactly `src.len()` bytes into `dst`: exactly
+        /// `dst.len()` bytes when `exact`, else at most that many. Returns the bytes
+        /// produced, or None for a corrupt stream.
+        pub fn microlzma_decode(
+            &mut self,
+            src: &[u8],
+            dst: &mut [u8],
+            exact: bool,
+            dict_size: u32,
+        ) -> Option<usize> {
+            // SAFETY: the stream is valid; the arguments are plain integers. liblzma
+            // bounds its own allocation by dict_size (callers cap it at 8 MiB).
+            let r = unsafe {
+                lzma_microlzma_decoder(
+                    &mut self.0,
+                    src.len() as u64,
+                    dst.len() as u64,
+                    lzma_bool::from(exact),
+                    dict_size,
+                )
+            };
+            if r != LZMA_OK {
+                return None;
+            }
+            match self.finish(src, dst) {
+                (r, _, used_out) if r == LZMA_STREAM_END || r == LZMA_OK => Some(used_out),
+                _ => None,
+            }
+        }
+    }
+
+    impl Default for Stream {
+        fn default() -> Self {
+            Self::new()
         }
     }
 
     impl Drop for Stream {
         fn drop(&mut self) {
-            // SAFETY: lzma_end accepts a zeroed or initialised stream and frees its state.
+            // SAFETY: lzma_end accepts a zeroed or initialised stream and frees its
+            // internal state; the stream is not used afterwards.
             unsafe { lzma_end(&mut self.0) };
         }
     }
 
-    /// MicroLZMA: fill `dst` from a prefix of `src`. Returns (consumed, written) or None.
-    pub fn microlzma_encode(
-        src: &[u8],
-        dst: &mut [u8],
-        level: u32,
-        dict_size: u32,
-    ) -> Option<(usize, usize)> {
-        // SAFETY: lzma_options_lzma is plain data; lzma_lzma_preset fills it.
-        let mut opts: lzma_options_lzma = unsafe { std::mem::zeroed() };
-        // SAFETY: opts is a valid, writable options struct.
-        if unsafe { lzma_lzma_preset(&mut opts, level) } != 0 {
-            return None;
-        }
-        opts.dict_size = dict_size;
-        let mut s = Stream::new();
-        // SAFETY: s.0 is a valid stream; opts outlives the call (liblzma copies it).
-        if unsafe { lzma_microlzma_encoder(&mut s.0, &opts) } != LZMA_OK {
-            return None;
-        }
-        s.0.next_in = src.as_ptr();
-        s.0.avail_in = src.len();
-        s.0.next_out = dst.as_mut_ptr();
-        s.0.avail_out = dst.len();
-        // SAFETY: next_in/next_out point into live slices of the given lengths, which
-        // outlive the stream (dropped at the end of this function).
-        let r = unsafe { lzma_code(&mut s.0, LZMA_FINISH) };
-        if r != LZMA_STREAM_END {
-            return None;
-        }
-        Some((
-            usize::try_from(s.0.total_in).ok()?,
-            usize::try_from(s.0.total_out).ok()?,
-        ))
+    /// A MicroLZMA encoder: LZMA1 options plus a reused stream.
+    pub struct Encoder {
+        opts: lzma_options_lzma,
+        stream: Stream,
     }
 
-    /// Decode a MicroLZMA stream of exactly `src.len()` bytes into `dst` (exactly
-    /// `dst.len()` bytes when `exact`, else at most that many).
-    pub fn microlzma_decode(
-        src: &[u8],
-        dst: &mut [u8],
-        exact: bool,
-        dict_size: u32,
-    ) -> Option<usize> {
-        let mut s = Stream::new();
-        // SAFETY: s.0 is a valid stream; sizes are plain integers.
-        let r = unsafe {
-            lzma_microlzma_decoder(
-                &mut s.0,
-                src.len() as u64,
-                dst.len() as u64,
-                u8::from(exact),
-                dict_size,
-            )
-        };
-        if r != LZMA_OK {
-            return None;
+    // SAFETY: the only pointer in `opts` is `preset_dict`, which stays null (no preset
+    // dictionary); the stream is Send (above).
+    unsafe impl Send for Encoder {}
+
+    impl Encoder {
+        /// Options for `preset` (0..=9, optionally | LZMA_PRESET_EXTREME) with this
+        /// dictionary size; None if liblzma rejects the preset.
+        pub fn new(preset: u32, dict_size: u32) -> Option<Self> {
+            // SAFETY: lzma_options_lzma is plain data (integers, enums, and a
+            // preset-dict pointer for which null means none), so all-zero is a valid
+            // value; lzma_lzma_preset then fills it.
+            let mut opts: lzma_options_lzma = unsafe { std::mem::zeroed() };
+            // SAFETY: `opts` is a valid, writable options struct.
+            if unsafe { lzma_lzma_preset(&mut opts, preset) } != 0 {
+                return None;
+            }
+            opts.dict_size = dict_size;
+            opts.preset_dict = std::ptr::null();
+            Some(Encoder {
+                opts,
+                stream: Stream::new(),
+            })
         }
-        s.0.next_in = src.as_ptr();
-        s.0.avail_in = src.len();
-        s.0.next_out = dst.as_mut_ptr();
-        s.0.avail_out = dst.len();
-        // SAFETY: as in microlzma_encode: the slices outlive the stream.
-        let r = unsafe { lzma_code(&mut s.0, LZMA_FINISH) };
-        if r != LZMA_STREAM_END && r != LZMA_OK {
-            return None;
+
+        /// Fill `dst` from a prefix of `src`. Returns (consumed, written), or None if
+        /// liblzma refuses.
+        pub fn encode(&mut self, src: &[u8], dst: &mut [u8]) -> Option<(usize, usize)> {
+            // SAFETY: the stream is valid (zeroed or previously initialised); liblzma
+            // copies what it needs from `opts` during the call.
+            if unsafe { lzma_microlzma_encoder(&mut self.stream.0, &self.opts) } != LZMA_OK {
+                return None;
+            }
+            match self.stream.finish(src, dst) {
+                (r, used_in, used_out) if r == LZMA_STREAM_END => Some((used_in, used_out)),
+                _ => None,
+            }
         }
-        usize::try_from(s.0.total_out).ok()
     }
+
+    pub use liblzma_sys::LZMA_PRESET_EXTREME;
 }

@@ -1,18 +1,31 @@
 //! # ferofs-compress — the codecs EROFS uses, behind two small interfaces
 //!
-//! - **Fixed-output compression** ([`FixedOutputCompressor`]): "fill at most N bytes
-//!   of output from the longest prefix of this input you can, and tell me how much
-//!   input you took". This is what lets EROFS store each extent in a whole number of
-//!   blocks. LZ4/LZ4HC and MicroLZMA do it natively (liblz4's destSize functions,
-//!   liblzma's MicroLZMA encoder); DEFLATE and Zstandard have no such API, so
+//! What this crate owns: turning file data into compressed pcluster streams and back,
+//! for the four on-disk algorithms (0 LZ4, 1 MicroLZMA, 2 DEFLATE, 3 Zstandard), plus
+//! the per-algorithm config records of the superblock (format doc §1.5, §9).
+//!
+//! Data flow:
+//!
+//! - **Choosing**: a user string (`"lz4hc,level=12"`, `"zstd,15"`) parses into a
+//!   [`CompressorSpec`] (an [`Encoder`] — lz4hc is an encoder writing algorithm 0 — plus
+//!   level and dictionary/window). [`CompressorSpec::effective_dict`] fixes the
+//!   dictionary for the largest pcluster; [`config_record`] encodes it for the
+//!   superblock.
+//! - **Writing**: [`new_compressor`] gives a [`FixedOutputCompressor`]: "fill at most N
+//!   bytes of output from the longest prefix of this input you can, and tell me how
+//!   much input you took". That is what lets EROFS store each extent in a whole number
+//!   of blocks. LZ4/LZ4HC ([`lz4`]) and MicroLZMA ([`lzma`]) do it natively;
+//!   DEFLATE ([`deflate`]) and Zstandard ([`zstd_codec`]) have no such API, so
 //!   [`search`] finds the longest prefix that fits with a few trial compressions.
-//! - **Decompression** ([`decompress`]): a stream into a caller-sized buffer, fully or
+//! - **Reading**: [`decompress`] turns one stream into a caller-sized buffer, whole or
 //!   as a prefix ("partial"), never panicking and never allocating from stream data.
 //!
-//! On-disk algorithm ids: 0 LZ4, 1 MicroLZMA, 2 DEFLATE, 3 Zstandard. All C code comes
-//! from crates that bundle its sources; the only `unsafe` is in [`ffi`].
+//! All C code comes from crates that bundle its sources (liblz4, liblzma, libdeflate,
+//! libzstd); a plain `cargo build` needs only a C compiler. The only `unsafe` is in
+//! `ffi` (liblz4 and liblzma calls). One cargo feature per algorithm, all default.
 
 mod ffi;
+#[doc(hidden)]
 pub mod search;
 
 #[cfg(feature = "deflate")]
@@ -56,6 +69,15 @@ impl Algorithm {
             Self::Zstd => "zstd",
         }
     }
+    /// Whether this build can encode and decode the algorithm (cargo features).
+    pub fn is_built(self) -> bool {
+        match self {
+            Self::Lz4 => cfg!(feature = "lz4"),
+            Self::Lzma => cfg!(feature = "lzma"),
+            Self::Deflate => cfg!(feature = "deflate"),
+            Self::Zstd => cfg!(feature = "zstd"),
+        }
+    }
 }
 
 /// What a user picks: an encoder (lz4hc writes algorithm 0 too).
@@ -86,15 +108,19 @@ impl Encoder {
             Encoder::Zstd => "zstd",
         }
     }
-    /// Default level and the accepted range.
+    /// Default level and the accepted range. MicroLZMA also accepts 100..=109, the
+    /// "extreme" variants of 0..=9 (mkfs.erofs's convention; `9e` parses as 109).
     pub fn levels(self) -> (i32, std::ops::RangeInclusive<i32>) {
         match self {
             Encoder::Lz4 => (1, 1..=1),
             Encoder::Lz4hc => (9, 1..=12),
             Encoder::Lzma => (6, 0..=9),
             Encoder::Deflate => (6, 1..=12),
-            Encoder::Zstd => (3, -22..=22),
+            Encoder::Zstd => (3, -131072..=22),
         }
+    }
+    fn level_ok(self, level: i32) -> bool {
+        self.levels().1.contains(&level) || (self == Encoder::Lzma && (100..=109).contains(&level))
     }
 }
 
@@ -103,8 +129,8 @@ impl Encoder {
 pub struct CompressorSpec {
     pub encoder: Encoder,
     pub level: i32,
-    /// LZMA dictionary size / zstd and deflate window in bytes (None: derived from the
-    /// pcluster size as mkfs.erofs does).
+    /// LZMA dictionary size / zstd window in bytes (None: derived from the pcluster
+    /// size as mkfs.erofs does). DEFLATE's window is always 32 KiB.
     pub dict_size: Option<u32>,
 }
 
@@ -120,15 +146,32 @@ pub enum SpecError {
     },
     #[error("bad compressor option {0:?}")]
     Option(String),
+    #[error("{encoder}: dictionary size {size} invalid ({rule})")]
+    Dict {
+        encoder: &'static str,
+        size: u32,
+        rule: &'static str,
+    },
     #[error("compressor {0} is not built in")]
     NotBuilt(&'static str),
 }
 
+/// Parse a byte count with an optional k/m suffix (binary units).
+fn parse_size(v: &str) -> Option<u32> {
+    let v = v.trim();
+    let (num, mul) = match v.chars().last()? {
+        'k' | 'K' => (&v[..v.len() - 1], 1u32 << 10),
+        'm' | 'M' => (&v[..v.len() - 1], 1 << 20),
+        _ => (v, 1),
+    };
+    num.parse::<u32>().ok()?.checked_mul(mul)
+}
+
 impl CompressorSpec {
-    /// Parse `ALG[,level=N|,N][,dictsize=BYTES]`.
+    /// Parse `ALG[,level=N|,N][,dictsize=BYTES]` (BYTES may end in k or m).
     pub fn parse(s: &str) -> Result<Self, SpecError> {
         let mut parts = s.split(',');
-        let name = parts.next().unwrap_or("");
+        let name = parts.next().unwrap_or("").trim();
         let encoder = match name {
             "lz4" => Encoder::Lz4,
             "lz4hc" => Encoder::Lz4hc,
@@ -141,33 +184,53 @@ impl CompressorSpec {
         let mut dict_size = None;
         for p in parts {
             let (k, v) = match p.split_once('=') {
-                Some((k, v)) => (k, v),
-                None => ("level", p),
+                Some((k, v)) => (k.trim(), v.trim()),
+                None => ("level", p.trim()),
             };
+            let bad = || SpecError::Option(p.to_string());
             match k {
-                "level" => level = v.parse().map_err(|_| SpecError::Option(p.to_string()))?,
-                "dictsize" | "window" => {
-                    let v = v.trim();
-                    let (num, mul) = match v.chars().last() {
-                        Some('k' | 'K') => (&v[..v.len() - 1], 1024),
-                        Some('m' | 'M') => (&v[..v.len() - 1], 1 << 20),
-                        _ => (v, 1),
-                    };
-                    let n: u32 = num.parse().map_err(|_| SpecError::Option(p.to_string()))?;
-                    dict_size = Some(
-                        n.checked_mul(mul)
-                            .ok_or_else(|| SpecError::Option(p.to_string()))?,
-                    );
+                "level" => {
+                    level = match v.strip_suffix('e') {
+                        Some(n) if encoder == Encoder::Lzma => {
+                            let n: i32 = n.parse().map_err(|_| bad())?;
+                            if !(0..=9).contains(&n) {
+                                return Err(bad());
+                            }
+                            100 + n
+                        }
+                        _ => v.parse().map_err(|_| bad())?,
+                    }
                 }
-                _ => return Err(SpecError::Option(p.to_string())),
+                "dictsize" | "window" => dict_size = Some(parse_size(v).ok_or_else(bad)?),
+                _ => return Err(bad()),
             }
         }
-        if !range.contains(&level) {
+        if !encoder.level_ok(level) {
             return Err(SpecError::Level {
                 encoder: encoder.name(),
                 level,
                 range: format!("{}..={}", range.start(), range.end()),
             });
+        }
+        if let Some(size) = dict_size {
+            let dict_err = |rule| SpecError::Dict {
+                encoder: encoder.name(),
+                size,
+                rule,
+            };
+            match encoder.algorithm() {
+                Algorithm::Lz4 => return Err(dict_err("LZ4 has a fixed 64 KiB window")),
+                Algorithm::Lzma if !(4096..=8 << 20).contains(&size) => {
+                    return Err(dict_err("MicroLZMA needs 4 KiB..=8 MiB"))
+                }
+                Algorithm::Deflate if size != 32 << 10 => {
+                    return Err(dict_err("libdeflate always uses a 32 KiB window"))
+                }
+                Algorithm::Zstd if !size.is_power_of_two() || !(1024..=1 << 20).contains(&size) => {
+                    return Err(dict_err("zstd needs a power of two in 1 KiB..=1 MiB"))
+                }
+                _ => {}
+            }
         }
         Ok(CompressorSpec {
             encoder,
@@ -176,23 +239,24 @@ impl CompressorSpec {
         })
     }
 
-    /// The dictionary/window actually used for a maximum pcluster size (mkfs.erofs's
-    /// defaults, clamped to what the kernel accepts).
+    /// The dictionary/window used for pclusters of at most `max_pcluster` bytes, as
+    /// declared in the config record: the user's value, else mkfs.erofs's default
+    /// (LZMA `clamp(pcluster * 4, 32 KiB, 8 MiB)`, zstd `min(1 MiB, pow2floor(pcluster *
+    /// 8))`, DEFLATE 32 KiB, LZ4 65535), always within the kernel's limits.
     pub fn effective_dict(&self, max_pcluster: u32) -> u32 {
         match self.encoder.algorithm() {
             Algorithm::Lz4 => 65535,
             Algorithm::Lzma => self
                 .dict_size
-                .unwrap_or(max_pcluster.saturating_mul(8))
-                .clamp(32 << 10, 8 << 20),
-            Algorithm::Deflate => self
-                .dict_size
-                .unwrap_or(32 << 10)
-                .clamp(256, 32 << 10)
-                .next_power_of_two(),
+                .unwrap_or(max_pcluster.saturating_mul(4).max(32 << 10))
+                .clamp(4096, 8 << 20),
+            Algorithm::Deflate => 32 << 10,
             Algorithm::Zstd => {
-                let w = self.dict_size.unwrap_or(max_pcluster.saturating_mul(8));
-                w.clamp(1 << 10, 1 << 20).next_power_of_two().min(1 << 20)
+                let w = self
+                    .dict_size
+                    .unwrap_or(max_pcluster.saturating_mul(8))
+                    .clamp(1 << 10, 1 << 20);
+                1 << w.ilog2()
             }
         }
     }
@@ -212,27 +276,30 @@ impl fmt::Display for CompressorSpec {
 pub trait FixedOutputCompressor: Send {
     fn algorithm(&self) -> Algorithm;
     /// Compress the longest prefix of `src` whose stream fits in `dst` (capacity =
-    /// `dst.len()`). Returns (consumed, written); (0, 0) when nothing useful fits (the
-    /// caller stores the data uncompressed). A stream never starts with a zero byte.
+    /// `dst.len()`). Returns (consumed, written) with the stream in `dst[..written]`.
+    /// A stream never starts with a zero byte. Returns (0, 0) only when `src` or `dst`
+    /// is empty or no useful prefix fits: for `src` longer than `dst`, none longer
+    /// than `dst.len()` bytes (storing the data uncompressed is then at least as good);
+    /// for a shorter `src`, not the whole of it. Internal codec failures also give
+    /// (0, 0), so the caller falls back to storing the data.
     fn compress_destsize(&mut self, src: &[u8], dst: &mut [u8]) -> (usize, usize);
 }
 
-/// A compressor for `spec`, for pclusters of at most `max_pcluster` bytes.
+/// A compressor for `spec`, for pclusters of at most `max_pcluster` bytes (which
+/// sizes the default dictionary/window, see [`CompressorSpec::effective_dict`]).
 pub fn new_compressor(
     spec: &CompressorSpec,
     max_pcluster: u32,
 ) -> Result<Box<dyn FixedOutputCompressor>, SpecError> {
     let dict = spec.effective_dict(max_pcluster);
+    let _ = dict;
     match spec.encoder {
         #[cfg(feature = "lz4")]
         Encoder::Lz4 => Ok(Box::new(lz4::Lz4Fast)),
         #[cfg(feature = "lz4")]
         Encoder::Lz4hc => Ok(Box::new(lz4::Lz4Hc::new(spec.level))),
         #[cfg(feature = "lzma")]
-        Encoder::Lzma => Ok(Box::new(lzma::MicroLzma {
-            level: spec.level as u32,
-            dict,
-        })),
+        Encoder::Lzma => Ok(Box::new(lzma::MicroLzma::new(spec.level, dict)?)),
         #[cfg(feature = "deflate")]
         Encoder::Deflate => Ok(Box::new(deflate::Deflate::new(spec.level))),
         #[cfg(feature = "zstd")]
@@ -242,9 +309,13 @@ pub fn new_compressor(
     }
 }
 
-/// The configuration record payload (after the u16 length) for the superblock's
-/// compression configs (format doc §1.5).
+/// The config record payload (what follows the u16 length) for the superblock's
+/// compression configs (format doc §1.5): `dict` as from
+/// [`CompressorSpec::effective_dict`] (ignored for LZ4, whose max_distance is 65535),
+/// `max_pcluster_blocks` only used by LZ4.
 pub fn config_record(alg: Algorithm, dict: u32, max_pcluster_blocks: u16) -> Vec<u8> {
+    // log2 rounded up, so the declared window is never smaller than the one used.
+    let log2_ceil = |v: u32| v.max(1).next_power_of_two().trailing_zeros();
     match alg {
         Algorithm::Lz4 => {
             let mut v = vec![0u8; 14];
@@ -254,17 +325,17 @@ pub fn config_record(alg: Algorithm, dict: u32, max_pcluster_blocks: u16) -> Vec
         }
         Algorithm::Lzma => {
             let mut v = vec![0u8; 14];
-            v[0..4].copy_from_slice(&dict.to_le_bytes());
+            v[0..4].copy_from_slice(&dict.clamp(4096, 8 << 20).to_le_bytes());
             v
         }
         Algorithm::Deflate => {
             let mut v = vec![0u8; 6];
-            v[0] = dict.trailing_zeros() as u8;
+            v[0] = log2_ceil(dict).clamp(9, 15) as u8;
             v
         }
         Algorithm::Zstd => {
             let mut v = vec![0u8; 6];
-            v[1] = (dict.trailing_zeros().saturating_sub(10)) as u8;
+            v[1] = log2_ceil(dict).clamp(10, 20) as u8 - 10;
             v
         }
     }
@@ -273,20 +344,60 @@ pub fn config_record(alg: Algorithm, dict: u32, max_pcluster_blocks: u16) -> Vec
 /// What a decoder needs from the superblock.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DecompressConfig {
-    /// LZMA dictionary size from the config record (bytes).
+    /// LZMA dictionary size from the config record (bytes; 0: unknown, 8 MiB assumed).
     pub lzma_dict: u32,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{alg:?}: {what}")]
-pub struct DecompressError {
-    pub alg: Algorithm,
-    pub what: &'static str,
+/// Why a stream did not decode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The stream is empty.
+    Empty,
+    /// The codec rejected the data (the reason is the codec's).
+    Corrupt(&'static str),
+    /// The stream ended inside the data.
+    Truncated,
+    /// The stream decodes to fewer bytes than requested.
+    Short { produced: usize, wanted: usize },
+    /// A whole-stream decode: the stream holds more than the requested output.
+    TooLong,
+    /// The config record's parameters are unusable.
+    BadConfig(&'static str),
+    /// This algorithm is not compiled in (cargo feature off).
+    NotBuilt,
 }
 
-/// Decompress `src` (the exact stream) into `dst`. Without `partial`, the stream must
-/// produce exactly `dst.len()` bytes; with it, at least `dst.len()` bytes (only the
-/// first `dst.len()` are produced).
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ErrorKind::Empty => write!(f, "empty stream"),
+            ErrorKind::Corrupt(why) => write!(f, "corrupt stream: {why}"),
+            ErrorKind::Truncated => write!(f, "truncated stream"),
+            ErrorKind::Short { produced, wanted } => {
+                write!(f, "stream decodes to {produced} bytes, {wanted} wanted")
+            }
+            ErrorKind::TooLong => write!(f, "stream holds more than the extent"),
+            ErrorKind::BadConfig(why) => write!(f, "bad config: {why}"),
+            ErrorKind::NotBuilt => write!(f, "algorithm not built in"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {kind}", .alg.name())]
+pub struct DecompressError {
+    pub alg: Algorithm,
+    pub kind: ErrorKind,
+}
+
+/// Decompress `src` (exactly the stream, zero padding removed) into `dst`.
+///
+/// Without `partial`, the stream must decode to exactly `dst.len()` bytes and end
+/// there (as the kernel checks for a whole extent). With `partial`, only the first
+/// `dst.len()` bytes are produced; the stream may hold more, and decoding stops early.
+/// Either way fewer bytes than `dst.len()` is an error. Never panics on bad data;
+/// memory use is bounded by `dst` plus the codec's fixed state (at most the 1 MiB zstd
+/// window or an LZMA dictionary capped at `min(dst.len(), 8 MiB)` rounded up).
 pub fn decompress(
     alg: Algorithm,
     src: &[u8],
@@ -294,30 +405,26 @@ pub fn decompress(
     partial: bool,
     cfg: &DecompressConfig,
 ) -> Result<(), DecompressError> {
-    let err = |what| DecompressError { alg, what };
     if src.is_empty() {
-        return Err(err("empty stream"));
+        return Err(DecompressError {
+            alg,
+            kind: ErrorKind::Empty,
+        });
     }
-    let produced = match alg {
+    let _ = (&dst, partial, cfg);
+    match alg {
         #[cfg(feature = "lz4")]
-        Algorithm::Lz4 => {
-            ffi::lz4::decompress_partial(src, dst).ok_or(err("corrupt LZ4 stream"))?
-        }
+        Algorithm::Lz4 => lz4::decompress(src, dst, partial),
         #[cfg(feature = "lzma")]
-        Algorithm::Lzma => ffi::lzma::microlzma_decode(src, dst, !partial, cfg.lzma_dict.max(4096))
-            .ok_or(err("corrupt MicroLZMA stream"))?,
+        Algorithm::Lzma => lzma::decompress(src, dst, partial, cfg.lzma_dict),
         #[cfg(feature = "deflate")]
-        Algorithm::Deflate => deflate::inflate(src, dst).ok_or(err("corrupt DEFLATE stream"))?,
+        Algorithm::Deflate => deflate::decompress(src, dst, partial),
         #[cfg(feature = "zstd")]
-        Algorithm::Zstd => {
-            zstd_codec::decompress(src, dst).ok_or(err("corrupt Zstandard stream"))?
-        }
+        Algorithm::Zstd => zstd_codec::decompress(src, dst, partial),
         #[allow(unreachable_patterns)]
-        _ => return Err(err("algorithm not built in")),
-    };
-    let _ = cfg;
-    if produced != dst.len() {
-        return Err(err("stream shorter than the extent"));
+        _ => Err(DecompressError {
+            alg,
+            kind: ErrorKind::NotBuilt,
+        }),
     }
-    Ok(())
 }

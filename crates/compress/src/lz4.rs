@@ -1,7 +1,21 @@
-//! LZ4 and LZ4HC: liblz4's destSize functions fill the pcluster natively.
+//! LZ4 (algorithm 0), raw block format: liblz4's `LZ4_compress_destSize` (fast) and
+//! `LZ4_compress_HC_destSize` (HC, levels 1..=12) fill the pcluster natively; match
+//! distances stay within liblz4's 64 KiB window (max_distance 65535, the EROFS
+//! default). Decoding uses `LZ4_decompress_safe` (whole stream) and
+//! `LZ4_decompress_safe_partial` (prefix), as the kernel does.
 
 use crate::ffi::lz4 as f;
-use crate::{Algorithm, FixedOutputCompressor};
+use crate::{Algorithm, DecompressError, ErrorKind, FixedOutputCompressor};
+
+/// Validate a destSize result: the first token of a non-empty LZ4 block carries at
+/// least one literal, so a stream never starts with 0x00; check anyway.
+fn accept(dst: &[u8], consumed: usize, written: usize) -> (usize, usize) {
+    if consumed == 0 || written == 0 || written > dst.len() || dst[0] == 0 {
+        (0, 0)
+    } else {
+        (consumed, written)
+    }
+}
 
 pub struct Lz4Fast;
 
@@ -10,12 +24,11 @@ impl FixedOutputCompressor for Lz4Fast {
         Algorithm::Lz4
     }
     fn compress_destsize(&mut self, src: &[u8], dst: &mut [u8]) -> (usize, usize) {
-        let (c, n) = f::compress_dest_size(src, dst);
-        if n == 0 || dst.first() == Some(&0) {
-            (0, 0)
-        } else {
-            (c, n)
+        if src.is_empty() || dst.is_empty() {
+            return (0, 0);
         }
+        let (c, n) = f::compress_dest_size(src, dst);
+        accept(dst, c, n)
     }
 }
 
@@ -28,7 +41,7 @@ impl Lz4Hc {
     pub fn new(level: i32) -> Self {
         Lz4Hc {
             state: f::HcState::new(),
-            level,
+            level: level.clamp(1, 12),
         }
     }
 }
@@ -38,11 +51,35 @@ impl FixedOutputCompressor for Lz4Hc {
         Algorithm::Lz4
     }
     fn compress_destsize(&mut self, src: &[u8], dst: &mut [u8]) -> (usize, usize) {
-        let (c, n) = self.state.compress_dest_size(src, dst, self.level);
-        if n == 0 || dst.first() == Some(&0) {
-            (0, 0)
-        } else {
-            (c, n)
+        if src.is_empty() || dst.is_empty() {
+            return (0, 0);
         }
+        let (c, n) = self.state.compress_dest_size(src, dst, self.level);
+        accept(dst, c, n)
+    }
+}
+
+/// Decode exactly `dst.len()` bytes (the stream must end there) or, with `partial`,
+/// the first `dst.len()` bytes.
+pub fn decompress(src: &[u8], dst: &mut [u8], partial: bool) -> Result<(), DecompressError> {
+    let err = |kind| DecompressError {
+        alg: Algorithm::Lz4,
+        kind,
+    };
+    let produced = if partial {
+        f::decompress_partial(src, dst)
+    } else {
+        f::decompress_full(src, dst)
+    };
+    match produced {
+        Some(n) if n == dst.len() => Ok(()),
+        Some(n) => Err(err(ErrorKind::Short {
+            produced: n,
+            wanted: dst.len(),
+        })),
+        // liblz4 reports every failure alike (bad offset, overrun, truncation).
+        None => Err(err(ErrorKind::Corrupt(
+            "bad LZ4 block (or longer than the extent)",
+        ))),
     }
 }

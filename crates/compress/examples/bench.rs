@@ -1,0 +1,191 @@
+//! Throughput and fill of the fixed-output compressors on a file, as the builder uses
+//! them: consecutive pclusters of `cap` bytes, each taking the longest prefix that
+//! fits (inputs of at most 4 MiB), storing a block uncompressed when nothing useful
+//! fits.
+//!
+//! usage: cargo run --release -p ferofs-compress --example bench -- FILE
+//!        [--specs lz4,lz4hc:zstd,3] [--caps 4096,131072] [--reference]
+//!
+//! `--reference` also runs a plain bisection search for zstd/deflate that stops only
+//! at a one-byte bracket or one byte of slack (what mkfs.erofs does), to compare how
+//! much input each search packs per pcluster and how many trials it needs.
+
+use ferofs_compress::{new_compressor, search::TRIALS, CompressorSpec, Encoder};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+const BLOCK: usize = 4096;
+const MAX_INPUT: usize = 4 << 20;
+
+struct Outcome {
+    secs: f64,
+    packed: usize,
+    full: usize,
+    stored: usize,
+    pclusters: usize,
+    trials: u64,
+}
+
+fn simulate(
+    data: &[u8],
+    cap: usize,
+    mut f: impl FnMut(&[u8], &mut [u8]) -> (usize, usize),
+) -> Outcome {
+    let mut dst = vec![0u8; cap];
+    let (mut pos, mut stored, mut pclusters, mut packed, mut full) = (0, 0, 0, 0, 0);
+    let t0 = TRIALS.load(Ordering::Relaxed);
+    let start = Instant::now();
+    while pos < data.len() {
+        let src = &data[pos..data.len().min(pos + MAX_INPUT)];
+        let (consumed, written) = f(src, &mut dst);
+        let blocks = written.div_ceil(BLOCK) * BLOCK;
+        if consumed > 0 && blocks < consumed {
+            pos += consumed;
+            if consumed < src.len() {
+                packed += consumed;
+                full += 1;
+            }
+            stored += blocks;
+            pclusters += 1;
+        } else {
+            let n = BLOCK.min(data.len() - pos);
+            pos += n;
+            stored += BLOCK;
+        }
+    }
+    Outcome {
+        secs: start.elapsed().as_secs_f64(),
+        packed,
+        full,
+        stored,
+        pclusters,
+        trials: TRIALS.load(Ordering::Relaxed) - t0,
+    }
+}
+
+/// Bisection with ratio steps, stopping at a one-byte bracket or one byte of slack.
+fn reference(
+    src: &[u8],
+    dst: &mut [u8],
+    scratch: &mut Vec<u8>,
+    trials: &mut u64,
+    mut compress: impl FnMut(&[u8], &mut [u8]) -> Option<usize>,
+) -> (usize, usize) {
+    let cap = dst.len();
+    let (mut l, mut l_size, mut r) = (0usize, 0usize, src.len() + 1);
+    let mut m = cap * 4;
+    scratch.resize(cap + 64, 0);
+    loop {
+        m = m.max(l + 1).min(r - 1);
+        *trials += 1;
+        match compress(&src[..m], &mut scratch[..cap + 64]) {
+            Some(w) if w <= cap => {
+                dst[..w].copy_from_slice(&scratch[..w]);
+                (l, l_size) = (m, w);
+                if r <= l + 1 || w + 1 >= cap {
+                    break;
+                }
+                m = cap * m / w;
+            }
+            _ => {
+                r = m;
+                if r <= l + 1 {
+                    break;
+                }
+                m = (l + r) / 2;
+            }
+        }
+    }
+    (l, l_size)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(path) = args.first() else {
+        eprintln!("usage: bench FILE [--specs A:B] [--caps N,M] [--reference]");
+        std::process::exit(2);
+    };
+    let opt = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    let specs = opt("--specs").unwrap_or_else(|| "lz4:lz4hc:lzma:deflate:zstd".into());
+    let caps: Vec<usize> = opt("--caps")
+        .unwrap_or_else(|| "4096,131072".into())
+        .split(',')
+        .filter_map(|c| c.parse().ok())
+        .collect();
+    let with_ref = args.iter().any(|a| a == "--reference");
+    let data = std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let mb = data.len() as f64 / 1e6;
+    println!("{path}: {} bytes", data.len());
+    println!(
+        "{:<20} {:>8} {:>10} {:>12} {:>8} {:>10} {:>8} {:>10}",
+        "spec", "cap", "MB/s", "stored", "ratio", "pclusters", "trials", "in/full"
+    );
+    for s in specs.split(':') {
+        let spec = CompressorSpec::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"));
+        for &cap in &caps {
+            let mut c = new_compressor(&spec, cap as u32).unwrap_or_else(|e| panic!("{e}"));
+            let o = simulate(&data, cap, |src, dst| c.compress_destsize(src, dst));
+            println!(
+                "{:<20} {:>8} {:>10.1} {:>12} {:>8.3} {:>10} {:>8.2} {:>10.1}",
+                spec.to_string(),
+                cap,
+                mb / o.secs,
+                o.stored,
+                data.len() as f64 / o.stored as f64,
+                o.pclusters,
+                o.trials as f64 / o.pclusters.max(1) as f64,
+                o.packed as f64 / o.full.max(1) as f64
+            );
+            if with_ref {
+                run_reference(&spec, &data, cap, mb);
+            }
+        }
+    }
+}
+
+fn run_reference(spec: &CompressorSpec, data: &[u8], cap: usize, mb: f64) {
+    let mut trials = 0u64;
+    let mut scratch = Vec::new();
+    let o = match spec.encoder {
+        Encoder::Zstd => {
+            let mut c = zstd_safe::CCtx::create();
+            let wlog = spec.effective_dict(cap as u32).ilog2();
+            let _ = c.set_parameter(zstd_safe::CParameter::CompressionLevel(spec.level));
+            let _ = c.set_parameter(zstd_safe::CParameter::WindowLog(wlog));
+            simulate(data, cap, |src, dst| {
+                reference(src, dst, &mut scratch, &mut trials, |p, out| {
+                    let r = c.compress2(out, p).ok();
+                    if r.is_none() {
+                        let _ = c.reset(zstd_safe::ResetDirective::SessionOnly);
+                    }
+                    r
+                })
+            })
+        }
+        Encoder::Deflate => {
+            let lvl = libdeflater::CompressionLvl::new(spec.level).unwrap_or_default();
+            let mut c = libdeflater::Compressor::new(lvl);
+            simulate(data, cap, |src, dst| {
+                reference(src, dst, &mut scratch, &mut trials, |p, out| {
+                    c.deflate_compress(p, out).ok().filter(|&w| w > 0)
+                })
+            })
+        }
+        _ => return,
+    };
+    println!(
+        "{:<20} {:>8} {:>10.1} {:>12} {:>8.3} {:>10} {:>8.2} {:>10.1}",
+        "  (reference)",
+        cap,
+        mb / o.secs,
+        o.stored,
+        data.len() as f64 / o.stored as f64,
+        o.pclusters,
+        trials as f64 / o.pclusters.max(1) as f64,
+        o.packed as f64 / o.full.max(1) as f64
+    );
+}

@@ -1,0 +1,243 @@
+//! Every encoder x pcluster size x input kind: the stream fits the pcluster, never
+//! starts with 0x00, decodes (whole and partially) to exactly the consumed prefix, and
+//! the consumed prefix is (near-)maximal.
+
+mod common;
+use common::*;
+use ferofs_compress::*;
+
+/// Exact one-shot compressed size of `data` with the settings the search uses, computed
+/// independently of the crate's compressor objects.
+fn oneshot_size(spec: &CompressorSpec, cap: usize, data: &[u8]) -> usize {
+    match spec.encoder {
+        Encoder::Zstd => {
+            let mut c = zstd_safe::CCtx::create();
+            let wlog = spec.effective_dict(cap as u32).ilog2();
+            c.set_parameter(zstd_safe::CParameter::CompressionLevel(spec.level))
+                .expect("level");
+            c.set_parameter(zstd_safe::CParameter::WindowLog(wlog))
+                .expect("window");
+            let mut out = vec![0u8; zstd_safe::compress_bound(data.len())];
+            c.compress2(&mut out[..], data).expect("zstd")
+        }
+        Encoder::Deflate => {
+            let lvl = libdeflater::CompressionLvl::new(spec.level).expect("level");
+            let mut c = libdeflater::Compressor::new(lvl);
+            let mut out = vec![0u8; c.deflate_compress_bound(data.len())];
+            c.deflate_compress(data, &mut out).expect("deflate")
+        }
+        _ => unreachable!(),
+    }
+}
+
+fn check(spec_str: &str) {
+    let spec = spec(spec_str);
+    let alg = spec.encoder.algorithm();
+    for cap in CAPS {
+        let mut c = new_compressor(&spec, cap as u32).expect("compressor");
+        assert_eq!(c.algorithm(), alg);
+        let cfg = cfg(&spec, cap);
+        for (kind, input) in inputs(cap) {
+            let what = format!("{spec_str} cap {cap} {kind}");
+            let mut dst = vec![0xAAu8; cap];
+            let (consumed, written) = c.compress_destsize(&input, &mut dst);
+            if consumed == 0 {
+                // Only allowed when nothing useful fits: incompressible input.
+                assert_eq!(written, 0, "{what}");
+                assert!(kind == "random", "{what}: nothing consumed");
+                continue;
+            }
+            assert!(written > 0 && written <= cap, "{what}: wrote {written}");
+            assert!(consumed <= input.len(), "{what}");
+            assert_ne!(dst[0], 0, "{what}: stream starts with 0x00");
+            let stream = &dst[..written];
+
+            // Whole decode gives exactly the consumed prefix.
+            let mut out = vec![0u8; consumed];
+            decompress(alg, stream, &mut out, false, &cfg)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(out == input[..consumed], "{what}: roundtrip differs");
+
+            // Partial decodes give the right prefixes.
+            for want in [1, 100.min(consumed), consumed / 2, consumed - 1, consumed] {
+                let mut part = vec![0u8; want];
+                decompress(alg, stream, &mut part, true, &cfg)
+                    .unwrap_or_else(|e| panic!("{what}: partial {want}: {e}"));
+                assert!(part == input[..want], "{what}: partial {want} differs");
+            }
+
+            match kind {
+                "random" => {
+                    // No real gain is possible: at most what fits stored.
+                    assert!(consumed <= cap + cap / 64, "{what}: {consumed} bytes");
+                    continue;
+                }
+                "zeros" => assert_eq!(consumed, input.len(), "{what}: zeros not all taken"),
+                _ => assert!(consumed > cap + cap / 2, "{what}: consumed only {consumed}"),
+            }
+            if consumed == input.len() {
+                continue;
+            }
+            // Maximality.
+            match spec.encoder {
+                Encoder::Zstd | Encoder::Deflate => {
+                    assert_eq!(
+                        oneshot_size(&spec, cap, &input[..consumed]),
+                        written,
+                        "{what}"
+                    );
+                    let more = (consumed + (consumed / 1000).max(300)).min(input.len());
+                    let size = oneshot_size(&spec, cap, &input[..more]);
+                    assert!(
+                        size > cap,
+                        "{what}: {more} bytes ({} more than taken) still fit in {size}",
+                        more - consumed
+                    );
+                }
+                // Native fixed-output encoders fill the pcluster.
+                _ => assert!(
+                    cap - written <= 16 + cap / 1024,
+                    "{what}: {written} of {cap} bytes used"
+                ),
+            }
+        }
+    }
+}
+
+#[test]
+fn lz4() {
+    check("lz4");
+}
+#[test]
+fn lz4hc_9() {
+    check("lz4hc");
+}
+#[test]
+fn lz4hc_12() {
+    check("lz4hc,12");
+}
+#[test]
+fn lzma_6() {
+    check("lzma,6");
+}
+#[test]
+fn lzma_0() {
+    check("lzma,0");
+}
+#[test]
+fn deflate_6() {
+    check("deflate,6");
+}
+#[test]
+fn deflate_1() {
+    check("deflate,1");
+}
+#[test]
+fn zstd_3() {
+    check("zstd,3");
+}
+#[test]
+fn zstd_15() {
+    check("zstd,15");
+}
+#[test]
+fn zstd_neg5() {
+    check("zstd,-5");
+}
+
+/// The builder's loop: consecutive pclusters over a long mixed input with one
+/// compressor (contexts and search state reused), each decoding back.
+#[test]
+fn consecutive_pclusters() {
+    let data = mixed(3 << 20, 9);
+    for s in SPECS {
+        let spec = spec(s);
+        for cap in [4096usize, 65536] {
+            let mut c = new_compressor(&spec, cap as u32).expect("compressor");
+            let cfg = cfg(&spec, cap);
+            let mut dst = vec![0u8; cap];
+            let (mut pos, mut compressed) = (0, 0);
+            while pos < data.len() {
+                let src = &data[pos..data.len().min(pos + (4 << 20))];
+                let (consumed, written) = c.compress_destsize(src, &mut dst);
+                if consumed <= cap {
+                    pos += cap.min(src.len()); // stored uncompressed
+                    continue;
+                }
+                let mut out = vec![0u8; consumed];
+                decompress(
+                    spec.encoder.algorithm(),
+                    &dst[..written],
+                    &mut out,
+                    false,
+                    &cfg,
+                )
+                .unwrap_or_else(|e| panic!("{s} {cap} at {pos}: {e}"));
+                assert!(out == src[..consumed], "{s} {cap} at {pos}: differs");
+                pos += consumed;
+                compressed += 1;
+            }
+            assert!(compressed > 0, "{s} {cap}");
+        }
+    }
+}
+
+/// A stream that libdeflate opens with a non-final stored block (first byte 0x00) is
+/// patched to start with a non-zero byte (a padding bit) and still decodes with both
+/// inflaters.
+#[test]
+fn deflate_leading_stored_block() {
+    let mut data = random(100_000, 5);
+    data.extend_from_slice(&text(3_000_000, 6));
+    let spec = spec("deflate,1");
+    let cap = 1 << 20;
+    let mut c = new_compressor(&spec, cap as u32).expect("compressor");
+    let mut dst = vec![0u8; cap];
+    let (consumed, written) = c.compress_destsize(&data, &mut dst);
+    assert!(consumed > 1_000_000, "consumed {consumed}");
+    // What libdeflate itself makes of that prefix: a stream opening with 0x00.
+    let lvl = libdeflater::CompressionLvl::new(1).expect("level");
+    let mut raw = vec![0u8; consumed + consumed / 8 + 1024];
+    let n = libdeflater::Compressor::new(lvl)
+        .deflate_compress(&data[..consumed], &mut raw)
+        .expect("deflate");
+    assert_eq!(
+        raw[0], 0,
+        "precondition: libdeflate starts with a stored block"
+    );
+    assert_eq!(n, written);
+    assert_eq!(dst[0], 0x08, "padding bit set");
+    assert!(dst[1..written] == raw[1..n], "only the first byte differs");
+    let mut out = vec![0u8; consumed];
+    let cfg = DecompressConfig::default();
+    decompress(Algorithm::Deflate, &dst[..written], &mut out, false, &cfg).expect("whole");
+    assert!(out == data[..consumed]);
+    let mut part = vec![0u8; 150_000];
+    decompress(Algorithm::Deflate, &dst[..written], &mut part, true, &cfg).expect("partial");
+    assert!(part == data[..150_000]);
+}
+
+#[test]
+fn empty_inputs() {
+    for s in SPECS {
+        let spec = spec(s);
+        let mut c = new_compressor(&spec, 4096).expect("compressor");
+        let mut dst = vec![0u8; 4096];
+        assert_eq!(c.compress_destsize(&[], &mut dst), (0, 0), "{s}");
+        assert_eq!(c.compress_destsize(b"abc", &mut []), (0, 0), "{s}");
+        // A short input is taken whole.
+        let (consumed, written) = c.compress_destsize(b"hello hello hello", &mut dst);
+        assert_eq!(consumed, 17, "{s}");
+        let mut out = vec![0u8; 17];
+        let cfg = cfg(&spec, 4096);
+        decompress(
+            spec.encoder.algorithm(),
+            &dst[..written],
+            &mut out,
+            false,
+            &cfg,
+        )
+        .unwrap_or_else(|e| panic!("{s}: {e}"));
+        assert_eq!(&out, b"hello hello hello");
+    }
+}

@@ -1,6 +1,6 @@
 //! Throughput and fill of the fixed-output compressors on a file, as the builder uses
 //! them: consecutive pclusters of `cap` bytes, each taking the longest prefix that
-//! fits (inputs of at most 4 MiB), storing a block uncompressed when nothing useful
+//! fits (inputs of at most 16 MiB), storing a block uncompressed when nothing useful
 //! fits.
 //!
 //! usage: cargo run --release -p ferofs-compress --example bench -- FILE
@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 const BLOCK: usize = 4096;
-const MAX_INPUT: usize = 4 << 20;
+const MAX_INPUT: usize = 16 << 20;
 
 struct Outcome {
     secs: f64,

@@ -64,7 +64,8 @@ pub mod lz4 {
         )
     }
 
-    /// LZ4HC state: an aligned heap buffer of LZ4_sizeofStateHC() bytes.
+    /// LZ4HC state: an 8-byte-aligned heap buffer of LZ4_sizeofStateHC() bytes (empty
+    /// if liblz4 reported no size, in which case compression is refused).
     pub struct HcState {
         buf: Vec<u64>,
     }
@@ -85,10 +86,14 @@ pub mod lz4 {
             dst: &mut [u8],
             level: i32,
         ) -> (usize, usize) {
+            if self.buf.is_empty() {
+                return (0, 0);
+            }
             let mut consumed = clamp_int(src.len().min(0x7E00_0000));
-            // SAFETY: the state buffer has LZ4_sizeofStateHC() bytes, 8-byte aligned
-            // (liblz4 requires pointer alignment); the HC function initialises it. src
-            // and dst are valid for the sizes passed.
+            // SAFETY: the state buffer has at least LZ4_sizeofStateHC() bytes (non-empty,
+            // checked above), 8-byte aligned (liblz4 requires pointer alignment); the HC
+            // function initialises it. src is valid for `consumed` bytes (clamped to its
+            // length), dst for at least target_dst_size bytes; liblz4 writes no more.
             let n = unsafe {
                 LZ4_compress_HC_destSize(
                     self.buf.as_mut_ptr().cast(),

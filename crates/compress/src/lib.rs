@@ -365,6 +365,8 @@ pub enum ErrorKind {
     BadConfig(&'static str),
     /// This algorithm is not compiled in (cargo feature off).
     NotBuilt,
+    /// The codec could not set up (allocation or configuration failure).
+    Internal(&'static str),
 }
 
 impl fmt::Display for ErrorKind {
@@ -379,6 +381,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::TooLong => write!(f, "stream holds more than the extent"),
             ErrorKind::BadConfig(why) => write!(f, "bad config: {why}"),
             ErrorKind::NotBuilt => write!(f, "algorithm not built in"),
+            ErrorKind::Internal(why) => write!(f, "decoder failure: {why}"),
         }
     }
 }

@@ -202,3 +202,91 @@ impl PrefixSearch {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Run the search against a synthetic size function; returns (consumed, written,
+    /// trials).
+    fn run(
+        s: &mut PrefixSearch,
+        len: usize,
+        cap: usize,
+        size: impl Fn(usize) -> usize,
+    ) -> (usize, usize, usize) {
+        let src = vec![7u8; len];
+        let mut dst = vec![0u8; cap];
+        let mut trials = 0;
+        let (c, w) = s.run(&src, &mut dst, len + 64, |p, out| {
+            trials += 1;
+            let n = size(p.len());
+            let m = n.min(out.len());
+            out[..m].fill(1);
+            Some(n)
+        });
+        (c, w, trials)
+    }
+
+    /// The exact answer for a monotone size function.
+    fn best(len: usize, cap: usize, size: impl Fn(usize) -> usize) -> usize {
+        (1..=len).rev().find(|&n| size(n) <= cap).unwrap_or(0)
+    }
+
+    #[test]
+    fn finds_the_maximum_of_a_staircase() {
+        let mut s = PrefixSearch::default();
+        let mut total = 0;
+        for (i, ratio) in [2.0f64, 3.3, 5.0, 3.1, 2.9, 8.0].into_iter().enumerate() {
+            // Output grows in steps of 4 bytes every few input bytes, plus a header.
+            let size = |n: usize| 18 + ((n as f64 / ratio) as usize / 4) * 4;
+            let cap = 4096 << (i % 3);
+            let len = cap * 10;
+            let (c, w, trials) = run(&mut s, len, cap, size);
+            let exact = best(len, cap, size);
+            assert_eq!(w, size(c));
+            assert!(w <= cap);
+            assert!(exact - c <= (exact >> 11).max(1) + 8, "{c} vs {exact}");
+            assert!(trials <= 12, "{trials} trials");
+            total += trials;
+        }
+        assert!(total <= 6 * 8, "{total} trials in all");
+    }
+
+    #[test]
+    fn whole_input_when_it_fits() {
+        let mut s = PrefixSearch::default();
+        let (c, w, trials) = run(&mut s, 5000, 4096, |n| n / 4 + 10);
+        assert_eq!((c, w, trials), (5000, 1260, 1));
+    }
+
+    #[test]
+    fn incompressible_input_gives_up_fast() {
+        let mut s = PrefixSearch::default();
+        let (c, w, trials) = run(&mut s, 1 << 20, 4096, |n| n + 9);
+        assert_eq!((c, w), (0, 0));
+        assert!(trials <= 2, "{trials}");
+        // The next call starts at the smallest useful prefix: one trial.
+        let (c, _, trials) = run(&mut s, 1 << 20, 4096, |n| n + 9);
+        assert_eq!((c, trials), (0, 1));
+        // Barely compressible: a prefix a little longer than cap is still found.
+        let (c, w, _) = run(&mut s, 1 << 20, 4096, |n| n * 15 / 16 + 9);
+        assert!(c > 4096 && w <= 4096, "{c} {w}");
+    }
+
+    #[test]
+    fn short_incompressible_input() {
+        let mut s = PrefixSearch::default();
+        // Shorter than cap but does not fit whole: nothing useful.
+        assert_eq!(run(&mut s, 4090, 4096, |n| n + 9).0, 0);
+        assert_eq!(run(&mut s, 0, 4096, |n| n + 9).0, 0);
+    }
+
+    #[test]
+    fn codec_errors_end_the_search() {
+        let mut s = PrefixSearch::default();
+        let src = vec![0u8; 100_000];
+        let mut dst = vec![0u8; 4096];
+        assert_eq!(s.run(&src, &mut dst, 200_000, |_, _| None), (0, 0));
+    }
+}

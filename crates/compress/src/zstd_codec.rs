@@ -82,13 +82,13 @@ pub fn decompress(src: &[u8], dst: &mut [u8], partial: bool) -> Result<(), Decom
             None => &mut local,
         };
         if slot.is_none() {
-            let mut d = DCtx::try_create().ok_or(err(ErrorKind::Corrupt("out of memory")))?;
+            let mut d = DCtx::try_create().ok_or(err(ErrorKind::Internal("out of memory")))?;
             d.set_parameter(DParameter::WindowLogMax(MAX_WINDOW_LOG))
-                .map_err(|_| err(ErrorKind::Corrupt("cannot configure decoder")))?;
+                .map_err(|_| err(ErrorKind::Internal("cannot configure decoder")))?;
             *slot = Some(d);
         }
         let Some(d) = slot.as_mut() else {
-            return Err(err(ErrorKind::Corrupt("no decoder")));
+            return Err(err(ErrorKind::Internal("no decoder")));
         };
         run(d, src, dst, partial).map_err(err)
     })
@@ -96,7 +96,7 @@ pub fn decompress(src: &[u8], dst: &mut [u8], partial: bool) -> Result<(), Decom
 
 fn run(d: &mut DCtx<'_>, src: &[u8], dst: &mut [u8], partial: bool) -> Result<(), ErrorKind> {
     d.reset(ResetDirective::SessionOnly)
-        .map_err(|_| ErrorKind::Corrupt("cannot reset decoder"))?;
+        .map_err(|_| ErrorKind::Internal("cannot reset decoder"))?;
     let wanted = dst.len();
     let mut input = InBuffer::around(src);
     let mut output = OutBuffer::around(dst);

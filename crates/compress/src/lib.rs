@@ -14,8 +14,8 @@
 //! - **Writing**: [`new_compressor`] gives a [`FixedOutputCompressor`]: "fill at most N
 //!   bytes of output from the longest prefix of this input you can, and tell me how
 //!   much input you took". That is what lets EROFS store each extent in a whole number
-//!   of blocks. LZ4/LZ4HC ([`lz4`]) and MicroLZMA ([`lzma`]) do it natively;
-//!   DEFLATE ([`deflate`]) and Zstandard ([`zstd_codec`]) have no such API, so
+//!   of blocks. LZ4/LZ4HC (`lz4.rs`) and MicroLZMA (`lzma.rs`) do it natively;
+//!   DEFLATE (`deflate.rs`) and Zstandard (`zstd_codec.rs`) have no such API, so
 //!   [`search`] finds the longest prefix that fits with a few trial compressions.
 //! - **Reading**: [`decompress`] turns one stream into a caller-sized buffer, whole or
 //!   as a prefix ("partial"), never panicking and never allocating from stream data.
@@ -209,7 +209,10 @@ impl CompressorSpec {
             return Err(SpecError::Level {
                 encoder: encoder.name(),
                 level,
-                range: format!("{}..={}", range.start(), range.end()),
+                range: match encoder {
+                    Encoder::Lzma => "0..=9 or 100..=109 (extreme, also written 0e..9e)".into(),
+                    _ => format!("{}..={}", range.start(), range.end()),
+                },
             });
         }
         if let Some(size) = dict_size {

@@ -300,77 +300,99 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
             Layout::Plain { .. } => base,
         }
     };
-    let mut nid_off = vec![0u64; n]; // byte offset inside the metadata region
-                                     // Best fit: partially used metadata blocks by (free bytes, block), so each record
-                                     // goes to the fullest block it fits in. Deterministic: ties go to the lowest block.
-    let mut free_set: std::collections::BTreeSet<(u64, u64)> = std::collections::BTreeSet::new();
-    let mut meta_blocks = 0u64;
     let bad_inline = |id: InodeId| BuildError::Invalid {
         path: String::from_utf8_lossy(&tree.nodes[id].rel)
             .into_owned()
             .into(),
         what: "inline record larger than a block".into(),
     };
-    for id in 0..n {
-        let len0 = record_len(id, 0).div_ceil(32) * 32;
-        let has_inline = matches!(layouts[id], Layout::Inline { .. })
-            || content_inline[id]
-            || matches!(&layouts[id], Layout::Compressed(z) if z.inline.is_some());
-        if len0 > bs {
-            if has_inline {
-                return Err(bad_inline(id));
-            }
-            nid_off[id] = meta_blocks * bs;
-            meta_blocks += record_len(id, nid_off[id]).div_ceil(bs);
-            continue;
-        }
-        // Candidates from the smallest sufficient free space up; compact index sizes
-        // depend on the offset, so confirm the real length at the candidate.
-        let mut chosen = None;
-        // The index size depends on the offset modulo 32 (index areas are 8-aligned).
-        let lower = (0..4u64)
-            .map(|a| record_len(id, a * 8).div_ceil(32) * 32)
-            .min()
-            .unwrap_or(len0);
-        for &(free, blk) in free_set.range((lower, 0)..).take(8) {
-            let used = bs - free;
-            let len = record_len(id, blk * bs + used).div_ceil(32) * 32;
-            if used + len <= bs {
-                chosen = Some((free, blk, len));
-                break;
+    // Best-fit packing of the records into metadata blocks from `base` (absolute block
+    // numbers), optionally starting with the free tail of the superblock's block.
+    // Returns each record's absolute byte position and the number of new blocks.
+    let sb_end = (SB_OFFSET + SB_BASE_SIZE as u64 + cfg.bytes.len() as u64).div_ceil(32) * 32;
+    let pack = |base: u64, use_sb_block: bool| -> Result<(Vec<u64>, u64)> {
+        let mut pos = vec![0u64; n];
+        // (free bytes, absolute block); ties go to the lowest block: deterministic.
+        let mut free_set: std::collections::BTreeSet<(u64, u64)> =
+            std::collections::BTreeSet::new();
+        if use_sb_block {
+            let blk = first_blk - 1;
+            let used = sb_end - blk * bs;
+            if bs - used >= 32 {
+                free_set.insert((bs - used, blk));
             }
         }
-        match chosen {
-            Some((free, blk, len)) => {
-                free_set.remove(&(free, blk));
-                let used = bs - free;
-                nid_off[id] = blk * bs + used;
-                let nfree = free - len;
-                if nfree >= 32 {
-                    free_set.insert((nfree, blk));
-                }
-            }
-            None => {
-                // A new block (the root is the first record: offset 0, nid 0).
-                let blk = meta_blocks;
-                meta_blocks += 1;
-                nid_off[id] = blk * bs;
-                let len = record_len(id, nid_off[id]).div_ceil(32) * 32;
-                if len > bs && has_inline {
+        let mut meta_blocks = 0u64;
+        for id in 0..n {
+            let len0 = record_len(id, 0).div_ceil(32) * 32;
+            let has_inline = matches!(layouts[id], Layout::Inline { .. })
+                || content_inline[id]
+                || matches!(&layouts[id], Layout::Compressed(z) if z.inline.is_some());
+            if len0 > bs {
+                if has_inline {
                     return Err(bad_inline(id));
                 }
-                if bs - len >= 32 {
-                    free_set.insert((bs - len, blk));
+                pos[id] = (base + meta_blocks) * bs;
+                meta_blocks += record_len(id, pos[id]).div_ceil(bs);
+                continue;
+            }
+            // The index size depends on the offset modulo 32 (index areas are 8-aligned):
+            // start from the smallest size it can have, confirm at the candidate.
+            let lower = (0..4u64)
+                .map(|a| record_len(id, a * 8).div_ceil(32) * 32)
+                .min()
+                .unwrap_or(len0);
+            let mut chosen = None;
+            for &(free, blk) in free_set.range((lower, 0)..).take(8) {
+                let used = bs - free;
+                let len = record_len(id, blk * bs + used).div_ceil(32) * 32;
+                if used + len <= bs {
+                    chosen = Some((free, blk, len));
+                    break;
+                }
+            }
+            match chosen {
+                Some((free, blk, len)) => {
+                    free_set.remove(&(free, blk));
+                    pos[id] = blk * bs + (bs - free);
+                    if free - len >= 32 {
+                        free_set.insert((free - len, blk));
+                    }
+                }
+                None => {
+                    let blk = base + meta_blocks;
+                    meta_blocks += 1;
+                    pos[id] = blk * bs;
+                    let len = record_len(id, pos[id]).div_ceil(32) * 32;
+                    if len > bs && has_inline {
+                        return Err(bad_inline(id));
+                    }
+                    if bs - len >= 32 {
+                        free_set.insert((bs - len, blk));
+                    }
                 }
             }
         }
-    }
-    let meta_blkaddr = data_end;
-    let nid_of = |id: InodeId| nid_off[id] / 32;
+        Ok((pos, meta_blocks))
+    };
+    // Preferred: nids count from byte 0 and the root (packed first) sits behind the
+    // superblock, like mkfs.erofs, so block 0 is not wasted. When the root does not fit
+    // there, its nid would not fit 16 bits: count nids from the metadata region instead.
+    let (nid_pos, meta_blocks, meta_blkaddr) = {
+        let (p, m) = pack(data_end, true)?;
+        if p[tree.root] / 32 <= 0xFFFF {
+            (p, m, 0u64)
+        } else {
+            let (p, m) = pack(data_end, false)?;
+            (p, m, data_end)
+        }
+    };
+    let nid_of = |id: InodeId| (nid_pos[id] - meta_blkaddr * bs) / 32;
     if nid_of(tree.root) > 0xFFFF {
         return Err(BuildError::TooLarge("root nid does not fit 16 bits".into()));
     }
-    let shared_blk = meta_blkaddr + meta_blocks;
+    let meta_base = data_end;
+    let shared_blk = meta_base + meta_blocks;
     let shared_blocks = (xplan.shared_area.len() as u64).div_ceil(bs);
     let mut blob_blk = shared_blk + shared_blocks;
 
@@ -429,6 +451,9 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
 
     // Stage 5: write metadata.
     let mut meta = vec![0u8; (meta_blocks * bs) as usize];
+    // Block 0 (up to the end of the superblock's block): superblock, compression
+    // configs, and the records packed behind them.
+    let mut block0 = vec![0u8; (first_blk * bs) as usize];
     for (id, nd) in tree.nodes.iter().enumerate() {
         let ext = extended[id];
         let (layout, u) = match &layouts[id] {
@@ -506,7 +531,7 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
                     path: String::from_utf8_lossy(&nd.rel).into_owned().into(),
                     what: format!("index: {e:?}"),
                 })?;
-                let e_pos = nid_off[id] + rec.len() as u64;
+                let e_pos = nid_pos[id] + rec.len() as u64;
                 let idx = ferofs_format::zindex::encode_compact(&ents, e_pos, true, big_pcluster)
                     .map_err(|e| BuildError::Invalid {
                     path: String::from_utf8_lossy(&nd.rel).into_owned().into(),
@@ -518,10 +543,16 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
                 }
             }
         }
-        let off = nid_off[id] as usize;
-        meta[off..off + rec.len()].copy_from_slice(&rec);
+        let p = nid_pos[id];
+        let dst = if p < meta_base * bs {
+            &mut block0[p as usize..p as usize + rec.len()]
+        } else {
+            let off = (p - meta_base * bs) as usize;
+            &mut meta[off..off + rec.len()]
+        };
+        dst.copy_from_slice(&rec);
     }
-    out.write_at(meta_blkaddr * bs, &meta)?;
+    out.write_at(meta_base * bs, &meta)?;
     if !xplan.shared_area.is_empty() {
         out.write_at(shared_blk * bs, &xplan.shared_area)?;
     }
@@ -593,14 +624,6 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
             set_v4(u)
         }
     };
-    let mut block0 = vec![
-        0u8;
-        (bs as usize)
-            .max(4096)
-            .min(first_blk as usize * bs as usize)
-            .max(checksum_len(bs as u32) + SB_OFFSET as usize)
-    ];
-    block0.truncate((first_blk * bs) as usize);
     let sbb = sb.encode();
     let sbo = SB_OFFSET as usize;
     block0[sbo..sbo + sbb.len()].copy_from_slice(&sbb);

@@ -141,10 +141,10 @@ struct Job {
 }
 
 /// Most input one extent may take (the kernel accepts up to 12 MiB decoded).
-const MAX_EXTENT_INPUT: usize = 4 << 20;
+const MAX_EXTENT_INPUT: usize = 8 << 20;
 /// Segment size: a file compresses in independent pieces of this many bytes.
 fn segment_size(pcluster: u32) -> u64 {
-    (16 * u64::from(pcluster)).max(16 << 20)
+    (32 * u64::from(pcluster)).max(16 << 20)
 }
 /// Input bytes handed to the workers at once.
 const WINDOW_BYTES: u64 = 64 << 20;
@@ -298,7 +298,8 @@ pub fn store_all(
     while i < jobs.len() {
         let mut j = i;
         let mut bytes = 0;
-        while j < jobs.len() && (bytes < WINDOW_BYTES || j == i) {
+        let window_bytes = WINDOW_BYTES.max(2 * threads as u64 * segment_size(c.max_pcluster()));
+        while j < jobs.len() && (bytes < window_bytes || j == i) {
             bytes += jobs[j].end - jobs[j].start;
             j += 1;
         }

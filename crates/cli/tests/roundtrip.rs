@@ -261,7 +261,17 @@ fn failed_build_leaves_no_output() {
     // Output on a 1 MiB tmpfs, source with 4 MiB of data: the write fails (ENOSPC).
     let small = Tmpfs::new("1M");
     let src_fs = Tmpfs::new("16M");
-    std::fs::write(src_fs.path().join("big"), vec![0x5au8; 4 << 20]).expect("write");
+    // Incompressible (xorshift), so the default compressed build cannot shrink it.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let data: Vec<u8> = (0..4 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    std::fs::write(src_fs.path().join("big"), data).expect("write");
     let img = small.path().join("out.erofs");
     let out = ferofs()
         .arg("build")

@@ -85,15 +85,20 @@ impl CacheInner {
 }
 
 impl<S: Source> Image<S> {
-    /// Decoded bytes of a whole extent (cached).
-    fn z_extent_bytes(&self, ino: &Inode, e: &ZExtent) -> Result<Arc<Vec<u8>>> {
+    /// Decoded bytes of an extent, at least its first `need` bytes (cached). Only a
+    /// prefix is decoded when the read does not need the whole extent (partial
+    /// decoding, as the kernel does); a later read further in decodes a longer prefix,
+    /// at least twice the cached one, so sequential reads stay linear.
+    fn z_extent_bytes(&self, ino: &Inode, e: &ZExtent, need: u64) -> Result<Arc<Vec<u8>>> {
         let key = (ino.nid, e.la);
+        let span = e.end - e.la;
+        let mut cached = 0u64;
         if let Some(v) = self.cache.get(key) {
-            if v.len() as u64 == e.end - e.la {
+            if v.len() as u64 >= need.min(span) {
                 return Ok(v);
             }
+            cached = v.len() as u64;
         }
-        let span = e.end - e.la;
         if span > MAX_DSIZE {
             return Err(corrupt(
                 CorruptKind::BadLcluster,
@@ -103,7 +108,14 @@ impl<S: Source> Image<S> {
                 "decoded extent larger than 12 MiB",
             ));
         }
-        let n = span as usize;
+        // Decode a prefix: what is needed, rounded up to 64 KiB and at least double what
+        // was cached; the whole extent when that is close anyway.
+        let mut want = need.max(cached * 2).div_ceil(64 << 10) * (64 << 10);
+        if want * 4 >= span * 3 {
+            want = span;
+        }
+        let n = want.min(span) as usize;
+        let partial = (n as u64) < span;
         let mut out = vec![0u8; n];
         let bad = |kind, v: u64, what| corrupt(kind, Some(ino.nid), Some(e.la), Some(v), what);
         match e.src {
@@ -150,7 +162,7 @@ impl<S: Source> Image<S> {
                                 *b = raw[(k + i) % p];
                             }
                         } else {
-                            if n > p {
+                            if n > p || (!partial && span as usize > p) {
                                 return Err(bad(
                                     CorruptKind::BadPcluster,
                                     n as u64,
@@ -191,7 +203,7 @@ impl<S: Source> Image<S> {
                         let cfg = DecompressConfig {
                             lzma_dict: self.compr.lzma_dict_size(),
                         };
-                        decompress(algo, stream, &mut out, e.partial_ref, &cfg)
+                        decompress(algo, stream, &mut out, e.partial_ref || partial, &cfg)
                             .or_else(|_| decompress(algo, stream, &mut out, true, &cfg))
                             .map_err(|_| {
                                 bad(
@@ -263,7 +275,7 @@ impl<S: Source> Image<S> {
                     }
                 }
                 _ => {
-                    let bytes = self.z_extent_bytes(ino, &e)?;
+                    let bytes = self.z_extent_bytes(ino, &e, from + n as u64)?;
                     let from = from as usize;
                     buf[done..done + n].copy_from_slice(&bytes[from..from + n]);
                 }

@@ -133,3 +133,35 @@ fn corrupt_compressed_metadata_never_panics() {
         }
     }
 }
+
+/// A small read decodes only a prefix of a big pcluster (partial decode), and reads
+/// further in extend it; the bytes always equal the kernel's.
+#[test]
+fn small_reads_decode_only_a_prefix() {
+    if !kernel_available("small_reads_decode_only_a_prefix") {
+        return;
+    }
+    for name in ["lz4hc-C64k", "lzma-C64k", "deflate-C64k", "zstd-C64k"] {
+        let path = golden(&format!("erofs-utils-1.9.3/{name}.erofs.zst"));
+        let img = Image::open(&path).expect("open");
+        let m = Mount::erofs(&path);
+        let file = "data/compressible-3MiB.txt";
+        let ino = img.lookup(format!("/{file}").as_bytes()).expect("lookup");
+        let want = std::fs::read(m.path().join(file)).expect("kernel read");
+        let mut a = vec![0u8; 100];
+        assert_eq!(img.read_at(&ino, 0, &mut a).expect("read"), 100);
+        assert_eq!(a[..], want[..100], "{name}");
+        // The first extent decodes to far more than 64 KiB; only 64 KiB was decoded.
+        assert_eq!(
+            img.cache_used(),
+            64 << 10,
+            "{name}: decoded more than needed"
+        );
+        assert_eq!(img.read_at(&ino, 70_000, &mut a).expect("read"), 100);
+        assert_eq!(a[..], want[70_000..70_100], "{name}");
+        assert!(img.cache_used() > 64 << 10, "{name}: prefix not extended");
+        let mut all = vec![0u8; want.len()];
+        assert_eq!(img.read_at(&ino, 0, &mut all).expect("read"), want.len());
+        assert!(all == want, "{name}: whole file differs");
+    }
+}

@@ -196,7 +196,8 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     };
     let inline_tail = |id: InodeId, size: u64| {
         let tail = size % bs;
-        o.inline_data && tail != 0 && fixed_meta(id) + tail <= bs
+        // The tail must fit one block; the inode before it may cross into the previous.
+        o.inline_data && tail != 0 && fixed_meta(id) <= bs && fixed_meta(id) % 32 + tail <= bs
     };
     let data_end;
     if let Some(c) = &o.compression {
@@ -278,7 +279,14 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     for (id, nd) in tree.nodes.iter().enumerate() {
         if matches!(nd.kind, Kind::Dir { .. } | Kind::Symlink { .. }) {
             let tail = sizes[id] % bs;
-            content_inline[id] = tail != 0 && fixed_meta(id) + tail <= bs;
+            // A directory tail may follow an inode that crosses a block boundary (read
+            // through the block map); a fast symlink must sit in the inode's last block.
+            let fits = if matches!(nd.kind, Kind::Dir { .. }) {
+                fixed_meta(id) <= bs && fixed_meta(id) % 32 + tail <= bs
+            } else {
+                fixed_meta(id) + tail <= bs
+            };
+            content_inline[id] = tail != 0 && fits;
         }
     }
 
@@ -312,28 +320,79 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     let sb_end = (SB_OFFSET + SB_BASE_SIZE as u64 + cfg.bytes.len() as u64).div_ceil(32) * 32;
     let pack = |base: u64, use_sb_block: bool| -> Result<(Vec<u64>, u64)> {
         let mut pos = vec![0u64; n];
-        // (free bytes, absolute block); ties go to the lowest block: deterministic.
-        let mut free_set: std::collections::BTreeSet<(u64, u64)> =
+        // Free slots (free bytes, absolute block, start offset in the block): best fit,
+        // ties to the lowest block, so packing is deterministic.
+        let mut free_set: std::collections::BTreeSet<(u64, u64, u64)> =
             std::collections::BTreeSet::new();
+        let add_slot = |set: &mut std::collections::BTreeSet<(u64, u64, u64)>,
+                        blk: u64,
+                        start: u64,
+                        end: u64| {
+            let start = start.div_ceil(32) * 32;
+            if end >= start + 32 {
+                set.insert((end - start, blk, start));
+            }
+        };
         if use_sb_block {
             let blk = first_blk - 1;
-            let used = sb_end - blk * bs;
-            if bs - used >= 32 {
-                free_set.insert((bs - used, blk));
-            }
+            add_slot(&mut free_set, blk, sb_end - blk * bs, bs);
         }
         let mut meta_blocks = 0u64;
         for id in 0..n {
             let len0 = record_len(id, 0).div_ceil(32) * 32;
-            let has_inline = matches!(layouts[id], Layout::Inline { .. })
-                || content_inline[id]
-                || matches!(&layouts[id], Layout::Compressed(z) if z.inline.is_some());
+            let z_inline = matches!(&layouts[id], Layout::Compressed(z) if z.inline.is_some());
+            let flat_inline = matches!(layouts[id], Layout::Inline { .. }) || content_inline[id];
+            if len0 > bs && flat_inline {
+                // The inline tail must sit within one block; the inode before it may
+                // cross a block boundary (the kernel reads it in two parts). Put the
+                // header at the end of a block, ending as close to the boundary as
+                // 32-byte alignment allows, and the tail at the start of the next.
+                let h = fixed_meta(id);
+                let t = record_len(id, 0) - h;
+                // Header bytes that may go before the boundary (inline needs h <= bs).
+                let k_max = (h / 32 * 32).min(bs);
+                let last = (base + meta_blocks)
+                    .checked_sub(1)
+                    .filter(|_| meta_blocks > 0);
+                // Reuse the free end of the last block when the rest fits the next one.
+                let reuse = last.and_then(|blk| {
+                    free_set
+                        .iter()
+                        .find(|&&(free, b, start)| b == blk && start + free == bs)
+                        .copied()
+                        .filter(|&(free, _, _)| h - free.min(k_max) + t <= bs)
+                });
+                let (blk, k) = match reuse {
+                    Some((free, blk, start)) => {
+                        free_set.remove(&(free, blk, start));
+                        let k = free.min(k_max);
+                        add_slot(&mut free_set, blk, start, bs - k);
+                        (blk, k)
+                    }
+                    None => {
+                        let blk = base + meta_blocks;
+                        meta_blocks += 1;
+                        add_slot(&mut free_set, blk, 0, bs - k_max);
+                        (blk, k_max)
+                    }
+                };
+                if h - k + t > bs {
+                    return Err(bad_inline(id));
+                }
+                pos[id] = blk * bs + bs - k;
+                meta_blocks += 1;
+                add_slot(&mut free_set, blk + 1, h - k + t, bs);
+                continue;
+            }
             if len0 > bs {
-                if has_inline {
+                if z_inline {
                     return Err(bad_inline(id));
                 }
                 pos[id] = (base + meta_blocks) * bs;
-                meta_blocks += record_len(id, pos[id]).div_ceil(bs);
+                let len = record_len(id, pos[id]);
+                meta_blocks += len.div_ceil(bs);
+                let last = base + meta_blocks - 1;
+                add_slot(&mut free_set, last, len - (last * bs - pos[id]), bs);
                 continue;
             }
             // The index size depends on the offset modulo 32 (index areas are 8-aligned):
@@ -343,33 +402,28 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
                 .min()
                 .unwrap_or(len0);
             let mut chosen = None;
-            for &(free, blk) in free_set.range((lower, 0)..).take(8) {
-                let used = bs - free;
-                let len = record_len(id, blk * bs + used).div_ceil(32) * 32;
-                if used + len <= bs {
-                    chosen = Some((free, blk, len));
+            for &(free, blk, start) in free_set.range((lower, 0, 0)..).take(8) {
+                let len = record_len(id, blk * bs + start).div_ceil(32) * 32;
+                if len <= free {
+                    chosen = Some((free, blk, start, len));
                     break;
                 }
             }
             match chosen {
-                Some((free, blk, len)) => {
-                    free_set.remove(&(free, blk));
-                    pos[id] = blk * bs + (bs - free);
-                    if free - len >= 32 {
-                        free_set.insert((free - len, blk));
-                    }
+                Some((free, blk, start, len)) => {
+                    free_set.remove(&(free, blk, start));
+                    pos[id] = blk * bs + start;
+                    add_slot(&mut free_set, blk, start + len, start + free);
                 }
                 None => {
                     let blk = base + meta_blocks;
                     meta_blocks += 1;
                     pos[id] = blk * bs;
                     let len = record_len(id, pos[id]).div_ceil(32) * 32;
-                    if len > bs && has_inline {
+                    if len > bs && (flat_inline || z_inline) {
                         return Err(bad_inline(id));
                     }
-                    if bs - len >= 32 {
-                        free_set.insert((bs - len, blk));
-                    }
+                    add_slot(&mut free_set, blk, len.min(bs), bs);
                 }
             }
         }

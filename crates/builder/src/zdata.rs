@@ -459,10 +459,17 @@ fn finish_file(
     } else {
         write_piece(last, &mut p, out, bits, next_blk, c)?;
     }
-    // Does the file shrink? Stored blocks + inline bytes + index vs. the raw size.
+    // Does the file shrink? Stored blocks + inline bytes + index vs. what it takes
+    // uncompressed (its exact size when the tail can go inline, like mkfs.erofs; whole
+    // blocks otherwise). A tie goes to uncompressed: it reads faster.
     let inline_len = inline.as_ref().map_or(0, |(b, _)| b.len() as u64);
     let stored = p.blocks * bs + inline_len + max_index_bytes(f.size, bits) + 8;
-    if stored >= f.size.div_ceil(bs) * bs {
+    let raw = if f.inline_tail {
+        f.size
+    } else {
+        f.size.div_ceil(bs) * bs
+    };
+    if stored >= raw {
         // Roll back (nothing was written after this file) and store it raw.
         if let Some(first) = p.first_blk {
             *next_blk = first;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 fn stored(img: &Image) -> BTreeMap<Vec<u8>, (u64, String, u64)> {
     let mut m = BTreeMap::new();
     img.walk(|p, ino| {
-        if ino.is_regular() {
+        if ino.is_regular() || ino.is_dir() {
             let ext = img.extents(ino)?;
             let s: u64 = ext
                 .iter()
@@ -48,7 +48,23 @@ fn main() {
         );
     }
     worst.sort();
-    for (d, p) in worst.iter().rev().take(10) {
+    let n: usize = std::env::var("SHOW")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let only = std::env::var("KIND").ok();
+    for (d, p) in worst
+        .iter()
+        .rev()
+        .filter(|(_, p)| {
+            only.as_ref().is_none_or(|k| {
+                a.get(p)
+                    .is_some_and(|x| x.1 != b.get(p).map_or("", |y| y.1.as_str()))
+                    && k == "diff"
+            })
+        })
+        .take(n)
+    {
         println!(
             "{d:>8} {} a={:?} b={:?}",
             String::from_utf8_lossy(p),

@@ -345,3 +345,69 @@ fn sparse_file_over_4gib() {
     drop(m);
     fsck_erofs(&img).unwrap_or_else(|e| panic!("fsck.erofs failed:\n{e}"));
 }
+
+/// Inline tails that only fit when the inode before them crosses a block boundary
+/// (the kernel reads an inode in two parts; the tail itself must sit in one block), as
+/// mkfs.erofs lays them out: files and a directory, compact and extended inodes, with
+/// and without xattrs, uncompressed and by the default (compressing) build.
+#[test]
+fn inline_tails_behind_inodes_crossing_blocks() {
+    if !kernel_available("inline_tails_behind_inodes_crossing_blocks") {
+        return;
+    }
+    let fs = Tmpfs::new("64M");
+    let src = fs.path().join("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    let tails = [4000u64, 4031, 4032, 4040, 4060, 4064, 4065, 4080, 4095];
+    let mut x = 0x1234_5678_9abc_def1u64;
+    let mut files = Vec::new();
+    for (i, &t) in tails.iter().enumerate() {
+        for full in [0u64, 1] {
+            let name = format!("f{i}-{full}");
+            let data: Vec<u8> = (0..full * 4096 + t)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    (x >> 24) as u8
+                })
+                .collect();
+            std::fs::write(src.join(&name), data).expect("write");
+            if i % 3 == 1 {
+                xattr::set(src.join(&name), "user.k", b"some value").expect("setxattr");
+            }
+            files.push((name, i % 2 == 0));
+        }
+    }
+    // A one-block directory of 4080 bytes: 126 names of 20 bytes, one of 9, and . and ..
+    let d = src.join("dir");
+    std::fs::create_dir(&d).expect("mkdir");
+    for k in 0..126 {
+        std::fs::write(d.join(format!("{k:020}")), b"").expect("write");
+    }
+    std::fs::write(d.join("zzzzzzzzz"), b"").expect("write");
+    let mut sh = String::from("set -e\n");
+    for (name, ext) in &files {
+        let t = if *ext { "@1500000000.5" } else { "@1500000000" };
+        sh += &format!("touch -d {t} {}\n", src.join(name).display());
+    }
+    sh += &format!("touch -d @1500000000 {} {}\n", d.display(), src.display());
+    ferofs_testkit::run(Command::new("sh").arg("-c").arg(sh));
+    for extra in [&["-z", "none"][..], &[][..]] {
+        let img = fs.path().join("t.erofs");
+        build(&src, &img, extra);
+        {
+            let m = Mount::erofs(&img);
+            assert_same_tree(&src, m.path());
+        }
+        fsck_erofs(&img).unwrap_or_else(|e| panic!("fsck.erofs {extra:?}:\n{e}"));
+        let mut inline = 0;
+        for (name, _) in files.iter().chain([&("dir".to_string(), false)]) {
+            let st = json(&ok(&[&"stat", &"--json", &img, &format!("/{name}")]));
+            assert_eq!(st["layout"], "flat-inline", "{extra:?} {name}: {st}");
+            inline += 1;
+        }
+        assert_eq!(inline, 2 * tails.len() + 1);
+        std::fs::remove_file(&img).expect("rm");
+    }
+}

@@ -1,5 +1,6 @@
 //! Generated trees (seeded, so failures reproduce): build, mount with the kernel,
-//! compare digests; then `ferofs extract` and compare again.
+//! compare digests; then `ferofs extract` and compare again. Uncompressed and default
+//! builds at every block size, and every algorithm x pcluster x ztailpacking.
 
 mod common;
 use common::*;
@@ -22,6 +23,45 @@ impl Rng {
     }
     fn bytes(&mut self, n: usize) -> Vec<u8> {
         (0..n).map(|_| self.next() as u8).collect()
+    }
+    /// File content: incompressible, text-like, or long runs (so compressed builds see
+    /// extents that shrink a lot, a little, or not at all).
+    fn content(&mut self, n: usize) -> Vec<u8> {
+        const WORDS: [&str; 12] = [
+            "erofs ",
+            "block ",
+            "the ",
+            "pcluster ",
+            "kernel\n",
+            "a ",
+            "lz4 ",
+            "of ",
+            "read-only ",
+            "image ",
+            "zstd ",
+            "0123456789",
+        ];
+        match self.below(3) {
+            0 => self.bytes(n),
+            1 => {
+                let mut v = Vec::with_capacity(n + 16);
+                while v.len() < n {
+                    v.extend_from_slice(WORDS[self.below(12) as usize].as_bytes());
+                }
+                v.truncate(n);
+                v
+            }
+            _ => {
+                let mut v = Vec::with_capacity(n + 4096);
+                while v.len() < n {
+                    let run = 1 + self.below(4096) as usize;
+                    let b = self.next() as u8;
+                    v.extend(std::iter::repeat_n(b, run));
+                }
+                v.truncate(n);
+                v
+            }
+        }
     }
 }
 
@@ -124,7 +164,7 @@ fn gen(root: &Path, seed: u64, bs: u64) {
                     6 => 3 * bs,
                     _ => r.below(100_000),
                 } as usize;
-                std::fs::write(&p, r.bytes(size)).expect("write");
+                std::fs::write(&p, r.content(size)).expect("write");
                 files.push(p.clone());
             }
         }
@@ -172,7 +212,8 @@ fn random_trees_roundtrip_through_the_kernel() {
         std::fs::create_dir(&src).expect("mkdir");
         gen(&src, seed, bs);
         let img = fs.path().join(format!("t{seed}.erofs"));
-        build(&src, &img, &["-b", &bs.to_string()]);
+        let z = if seed % 2 == 0 { "none" } else { "lz4hc" };
+        build(&src, &img, &["-b", &bs.to_string(), "-z", z]);
         {
             let m = Mount::erofs(&img);
             assert_same_tree(&src, m.path());
@@ -188,5 +229,60 @@ fn random_trees_roundtrip_through_the_kernel() {
             std::fs::remove_dir_all(p).expect("rm");
         }
         std::fs::remove_file(&img).expect("rm");
+    }
+}
+
+/// fsck.erofs learned DEFLATE in 1.7 and Zstandard in 1.8; Debian 12 ships 1.5.
+fn fsck_knows(alg: &str) -> bool {
+    let v = ferofs_testkit::fsck_erofs_version().unwrap_or((0, 0));
+    match alg {
+        "deflate" => v >= (1, 7),
+        "zstd" => v >= (1, 8),
+        _ => true,
+    }
+}
+
+#[test]
+fn random_trees_every_compression_setting() {
+    if !kernel_available("random_trees_every_compression_setting") {
+        return;
+    }
+    let fs = Tmpfs::new("512M");
+    let mut seed = 100u64;
+    for alg in ["lz4", "lz4hc", "lzma", "deflate", "zstd"] {
+        let mut compressed = 0;
+        for c in ["4096", "65536", "1048576"] {
+            for tail in [false, true] {
+                seed += 1;
+                let src = fs.path().join(format!("src{seed}"));
+                std::fs::create_dir(&src).expect("mkdir");
+                gen(&src, seed, 4096);
+                let img = fs.path().join(format!("t{seed}.erofs"));
+                let mut args = vec!["-z", alg, "-C", c];
+                if tail {
+                    args.extend(["-E", "ztailpacking"]);
+                }
+                build(&src, &img, &args);
+                let what = format!("seed {seed} {args:?}");
+                let info = json(&ok(&[&"inspect", &"--json", &img]));
+                compressed += info["counts"]["compressed_files"].as_u64().unwrap_or(0);
+                {
+                    let m = Mount::erofs(&img);
+                    assert_same_tree(&src, m.path());
+                }
+                let x = fs.path().join(format!("x{seed}"));
+                ok(&[&"extract", &img, &x]);
+                assert_same_tree(&src, &x);
+                if fsck_knows(alg) {
+                    ferofs_testkit::fsck_erofs(&img)
+                        .unwrap_or_else(|e| panic!("{what}: fsck.erofs failed:\n{e}"));
+                }
+                for p in [&src, &x] {
+                    std::fs::remove_dir_all(p).expect("rm");
+                }
+                std::fs::remove_file(&img).expect("rm");
+            }
+        }
+        assert!(compressed >= 6, "{alg}: only {compressed} compressed files");
     }
 }

@@ -33,6 +33,9 @@ impl ComprConfigs {
     }
 }
 
+/// Long xattr name prefixes (base index, infix), loaded once; or why they could not be.
+pub(crate) type PrefixTable = Result<Vec<(u8, Vec<u8>)>, String>;
+
 /// An EROFS image over a positional-read source.
 pub struct Image<S: Source = File> {
     pub(crate) src: S,
@@ -45,7 +48,7 @@ pub struct Image<S: Source = File> {
     pub(crate) devices: Vec<DeviceSlot>,
     pub(crate) metabox: OnceLock<Result<Inode, String>>,
     pub(crate) packed: OnceLock<Result<Inode, String>>,
-    pub(crate) prefixes: OnceLock<Result<Vec<(u8, Vec<u8>)>, String>>,
+    pub(crate) prefixes: OnceLock<PrefixTable>,
     pub(crate) cache: PclusterCache,
 }
 

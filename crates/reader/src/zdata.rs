@@ -23,7 +23,8 @@ struct CacheInner {
     budget: usize,
     used: usize,
     tick: u64,
-    map: std::collections::HashMap<(u64, u64), (u64, std::sync::Arc<Vec<u8>>)>,
+    /// (nid, logical start) -> (last use, decoded bytes).
+    map: std::collections::HashMap<(u64, u64), (u64, Arc<Vec<u8>>)>,
 }
 
 impl PclusterCache {

@@ -6,7 +6,6 @@ use crate::image::Image;
 use crate::inode::Inode;
 use crate::source::Source;
 use ferofs_format::inode::DataLayout;
-use ferofs_format::sb::*;
 use ferofs_format::zindex::compact_split;
 use ferofs_format::zmap::*;
 
@@ -142,13 +141,8 @@ impl<S: Source> Image<S> {
                 "compact indexes need lclusters <= 16 KiB",
             ));
         }
-        for a in zi.algs {
-            if self.compr.available & (1 << a) == 0
-                && !(a == 0 && !self.sb.has_incompat(INCOMPAT_COMPR_CFGS))
-            {
-                // Only an error if an entry actually uses it; checked at decode time.
-            }
-        }
+        // An algorithm the superblock does not declare is an error only where an extent
+        // uses it: checked at decode time.
         if ino.size == 0 {
             return Ok(zi);
         }

@@ -105,6 +105,38 @@ impl DataWriter<'_> {
         })
     }
 
+    /// Store a whole file (no holes) from memory, as `store_file` would.
+    pub fn store_bytes(&mut self, data: &[u8], inline_tail: bool) -> Result<FileData> {
+        if data.is_empty() {
+            return Ok(FileData::Empty);
+        }
+        let bs = self.blksz();
+        let size = data.len() as u64;
+        let tail_len = if inline_tail { size % bs } else { 0 };
+        let (body, tail) = data.split_at((size - tail_len) as usize);
+        let startblk = self.next_blk;
+        if !body.is_empty() {
+            let padded = (body.len() as u64).div_ceil(bs) * bs;
+            let whole = body.len() - body.len() % bs as usize;
+            if whole > 0 {
+                self.out
+                    .write_at(startblk << self.blkszbits, &body[..whole])?;
+            }
+            if whole < body.len() {
+                let mut last = vec![0u8; bs as usize];
+                last[..body.len() - whole].copy_from_slice(&body[whole..]);
+                self.out
+                    .write_at((startblk << self.blkszbits) + whole as u64, &last)?;
+            }
+            self.next_blk += padded / bs;
+        }
+        Ok(FileData::Flat {
+            startblk: if body.is_empty() { 0 } else { startblk },
+            nblocks: (body.len() as u64).div_ceil(bs),
+            tail: tail.to_vec(),
+        })
+    }
+
     /// Chunk-based layout when the file has holes of at least one chunk. Returns None
     /// when no chunk would be a hole (then a flat layout is better).
     fn store_chunked(

@@ -63,13 +63,20 @@ impl Out {
             .map_err(io_err(&self.tmp, "size output"))
     }
 
-    /// Rename over the target (fsync first when `durable`: slower, but a crash right
-    /// after the build cannot leave a partly written image under the final name).
+    /// Move the finished image to the target name. With `durable`: fsync, then rename
+    /// over the target (atomic replace; a crash cannot leave a partly written image
+    /// under the final name). Without: an old target is unlinked first, then the rename
+    /// — as fast as writing in place, because ext4 flushes a file's data when it is
+    /// renamed over an existing one (seconds for a large image); like mkfs.erofs, the
+    /// page cache then writes the image back whenever it likes.
     pub fn finish(mut self, durable: bool) -> Result<()> {
         if durable {
             self.file
                 .sync_all()
                 .map_err(io_err(&self.tmp, "sync output"))?;
+        } else if std::fs::symlink_metadata(&self.target).is_ok_and(|m| m.file_type().is_file()) {
+            // A failure here only costs the flush; the rename below reports real errors.
+            let _ = std::fs::remove_file(&self.target);
         }
         std::fs::rename(&self.tmp, &self.target).map_err(io_err(&self.target, "rename output"))?;
         self.done = true;

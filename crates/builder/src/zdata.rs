@@ -138,6 +138,15 @@ struct Job {
     end: u64,
     alg: usize,
     pcluster: u32,
+    /// The job covers the whole file: its bytes come back with the pieces, so a file
+    /// that does not shrink is stored without reading it again.
+    whole: bool,
+}
+
+/// What a worker hands the committer for one job.
+struct SegOut {
+    pieces: Vec<Piece>,
+    raw: Option<Vec<u8>>,
 }
 
 /// Most input one extent may take (the kernel accepts up to 12 MiB decoded).
@@ -168,7 +177,7 @@ fn compress_segment(
     comps: &mut HashMap<(usize, u32), Box<dyn FixedOutputCompressor>>,
     c: &Compression,
     bs: u64,
-) -> Result<Vec<Piece>> {
+) -> Result<SegOut> {
     let len = (job.end - job.start) as usize;
     let mut data = vec![0u8; len];
     let f = File::open(&job.path).map_err(io_err(&job.path, "compress: open"))?;
@@ -192,6 +201,9 @@ fn compress_segment(
     let comp = comps
         .get_mut(&key)
         .ok_or_else(|| BuildError::Options("internal: compressor".into()))?;
+    // Each segment starts from the same compressor state, whichever worker ran what
+    // before: the output must not depend on the thread count or on scheduling.
+    comp.begin_stream();
     let mut dst = vec![0u8; job.pcluster as usize];
     let mut pieces = Vec::new();
     let mut pos = 0usize;
@@ -218,7 +230,10 @@ fn compress_segment(
             pos += n;
         }
     }
-    Ok(pieces)
+    Ok(SegOut {
+        pieces,
+        raw: job.whole.then_some(data),
+    })
 }
 
 /// Per-file commit state.
@@ -228,6 +243,8 @@ struct Pending {
     blocks: u64,
     last: Option<Piece>,
     alg: usize,
+    /// The file's bytes, when one job read it whole.
+    raw: Option<Vec<u8>>,
 }
 
 /// What the committer needs to know about each file to decide on inlining.
@@ -286,6 +303,7 @@ pub fn store_all(
                 end: e,
                 alg,
                 pcluster: pcl,
+                whole: s == 0 && e == f.size,
             });
             s = e;
         }
@@ -294,65 +312,51 @@ pub fn store_all(
     let mut pending: Option<(usize, Pending)> = None;
     // Files before `done_upto` are committed.
     let mut done_upto = 0usize;
-    let mut i = 0;
-    while i < jobs.len() {
-        let mut j = i;
-        let mut bytes = 0;
-        let window_bytes = WINDOW_BYTES.max(2 * threads as u64 * segment_size(c.max_pcluster()));
-        while j < jobs.len() && (bytes < window_bytes || j == i) {
-            bytes += jobs[j].end - jobs[j].start;
-            j += 1;
-        }
-        let window = &jobs[i..j];
-        let outs: Vec<Result<Vec<Piece>>> = pool.install(|| {
-            window
-                .par_iter()
-                .map_init(HashMap::new, |comps, job| {
-                    compress_segment(job, comps, c, bs)
-                })
-                .collect()
-        });
-        for (job, res) in window.iter().zip(outs) {
-            let pieces = res?;
-            if pending.as_ref().map(|(f, _)| *f) != Some(job.file) {
-                if let Some((f, p)) = pending.take() {
-                    results[f] = Some(finish_file(&files[f], p, c, out, bits, &mut next_blk)?);
-                    done_upto = f + 1;
-                }
-                // Files without jobs (holes, empty) between the last one and this one.
-                for f in done_upto..job.file {
-                    results[f] = Some(store_raw(&files[f], out, bits, &mut next_blk)?);
-                }
-                done_upto = job.file;
-                pending = Some((
-                    job.file,
-                    Pending {
-                        extents: Vec::new(),
-                        first_blk: None,
-                        blocks: 0,
-                        last: None,
-                        alg: job.alg,
-                    },
-                ));
+    // The committer (this thread) takes results strictly in job order while the
+    // workers run ahead, at most `window` input bytes past the last committed job.
+    let mut commit = |job: &Job, seg: SegOut| -> Result<()> {
+        if pending.as_ref().map(|(f, _)| *f) != Some(job.file) {
+            if let Some((f, p)) = pending.take() {
+                results[f] = Some(finish_file(&files[f], p, c, out, bits, &mut next_blk)?);
+                done_upto = f + 1;
             }
-            let Some((_, p)) = pending.as_mut() else {
-                continue;
-            };
-            for piece in pieces {
-                if let Some(prev) = p.last.take() {
-                    write_piece(prev, p, out, bits, &mut next_blk, c)?;
-                }
-                p.last = Some(piece);
+            // Files without jobs (holes, empty) between the last one and this one.
+            for f in done_upto..job.file {
+                results[f] = Some(store_raw(&files[f], None, out, bits, &mut next_blk)?);
             }
+            done_upto = job.file;
+            pending = Some((
+                job.file,
+                Pending {
+                    extents: Vec::new(),
+                    first_blk: None,
+                    blocks: 0,
+                    last: None,
+                    alg: job.alg,
+                    raw: None,
+                },
+            ));
         }
-        i = j;
-    }
+        let Some((_, p)) = pending.as_mut() else {
+            return Ok(());
+        };
+        p.raw = seg.raw;
+        for piece in seg.pieces {
+            if let Some(prev) = p.last.take() {
+                write_piece(prev, p, out, bits, &mut next_blk)?;
+            }
+            p.last = Some(piece);
+        }
+        Ok(())
+    };
+    let window = WINDOW_BYTES.max(2 * threads as u64 * segment_size(c.max_pcluster()));
+    run_ordered(&jobs, threads, window, c, bs, &mut commit)?;
     if let Some((f, p)) = pending.take() {
         results[f] = Some(finish_file(&files[f], p, c, out, bits, &mut next_blk)?);
         done_upto = f + 1;
     }
     for f in done_upto..files.len() {
-        results[f] = Some(store_raw(&files[f], out, bits, &mut next_blk)?);
+        results[f] = Some(store_raw(&files[f], None, out, bits, &mut next_blk)?);
     }
     let mut v = Vec::with_capacity(files.len());
     for r in results {
@@ -361,15 +365,123 @@ pub fn store_all(
     Ok((v, next_blk))
 }
 
-/// Store a file uncompressed at `next_blk` (flat, inline tail, or chunks for holes).
-fn store_raw(f: &FileReq, out: &mut Out, bits: u8, next_blk: &mut u64) -> Result<Stored> {
+/// Run `jobs` on `threads` workers and hand each result to `commit` in job order, on
+/// the calling thread. Workers take jobs in order and start job `i` only while it lies
+/// less than `window` input bytes past the first uncommitted job, so memory stays
+/// bounded while compression and commits overlap. The first error stops everything.
+fn run_ordered(
+    jobs: &[Job],
+    threads: usize,
+    window: u64,
+    c: &Compression,
+    bs: u64,
+    commit: &mut dyn FnMut(&Job, SegOut) -> Result<()>,
+) -> Result<()> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{mpsc, Condvar, Mutex};
+    // Input bytes before each job.
+    let mut cum = Vec::with_capacity(jobs.len() + 1);
+    let mut acc = 0u64;
+    for j in jobs {
+        cum.push(acc);
+        acc += j.end - j.start;
+    }
+    cum.push(acc);
+    let next = AtomicUsize::new(0);
+    let committed = Mutex::new(0u64);
+    let moved = Condvar::new();
+    let stop = AtomicBool::new(false);
+    let halt = || {
+        stop.store(true, Ordering::SeqCst);
+        let _g = committed.lock().unwrap_or_else(|e| e.into_inner());
+        moved.notify_all();
+    };
+    /// Stops the others if a worker unwinds.
+    struct OnPanic<'a>(&'a dyn Fn());
+    impl Drop for OnPanic<'_> {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                (self.0)();
+            }
+        }
+    }
+    let (tx, rx) = mpsc::channel::<(usize, Result<SegOut>)>();
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            let tx = tx.clone();
+            let (next, committed, moved, stop, cum, halt) =
+                (&next, &committed, &moved, &stop, &cum, &halt);
+            s.spawn(move || {
+                let _guard = OnPanic(halt);
+                let mut comps = HashMap::new();
+                // Bounded: every iteration takes a new job index.
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    if i >= jobs.len() || stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let mut done = committed.lock().unwrap_or_else(|e| e.into_inner());
+                    while cum[i] >= *done + window && !stop.load(Ordering::SeqCst) {
+                        done = moved.wait(done).unwrap_or_else(|e| e.into_inner());
+                    }
+                    drop(done);
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let r = compress_segment(&jobs[i], &mut comps, c, bs);
+                    if tx.send((i, r)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        let mut early: std::collections::BTreeMap<usize, Result<SegOut>> = Default::default();
+        let mut k = 0usize;
+        let res = (|| -> Result<()> {
+            // Bounded: each pass commits job k or receives one result.
+            while k < jobs.len() {
+                let Some(r) = early.remove(&k) else {
+                    let (i, r) = rx.recv().map_err(|_| {
+                        BuildError::Options("internal: compression workers stopped".into())
+                    })?;
+                    early.insert(i, r);
+                    continue;
+                };
+                commit(&jobs[k], r?)?;
+                k += 1;
+                let mut done = committed.lock().unwrap_or_else(|e| e.into_inner());
+                *done = cum[k];
+                moved.notify_all();
+            }
+            Ok(())
+        })();
+        if res.is_err() {
+            halt();
+        }
+        res
+    })
+}
+
+/// Store a file uncompressed at `next_blk` (flat, inline tail, or chunks for holes),
+/// from `raw` when a worker already read the whole file.
+fn store_raw(
+    f: &FileReq,
+    raw: Option<&[u8]>,
+    out: &mut Out,
+    bits: u8,
+    next_blk: &mut u64,
+) -> Result<Stored> {
     let mut dw = DataWriter {
         out,
         blkszbits: bits,
         next_blk: *next_blk,
         buf: Vec::new(),
     };
-    let d = dw.store_file(&f.path, f.size, f.inline_tail)?;
+    let d = match raw {
+        Some(bytes) if bytes.len() as u64 == f.size => dw.store_bytes(bytes, f.inline_tail)?,
+        _ => dw.store_file(&f.path, f.size, f.inline_tail)?,
+    };
     *next_blk = dw.next_blk;
     Ok(Stored::Data(d))
 }
@@ -380,7 +492,6 @@ fn write_piece(
     out: &mut Out,
     bits: u8,
     next_blk: &mut u64,
-    c: &Compression,
 ) -> Result<()> {
     let bs = 1u64 << bits;
     let blocks = if piece.plain {
@@ -412,7 +523,6 @@ fn write_piece(
     p.first_blk.get_or_insert(*next_blk);
     p.blocks += blocks;
     *next_blk += blocks;
-    let _ = c;
     Ok(())
 }
 
@@ -434,8 +544,9 @@ fn finish_file(
     next_blk: &mut u64,
 ) -> Result<Stored> {
     let bs = 1u64 << bits;
+    let bytes = p.raw.take();
     let Some(last) = p.last.take() else {
-        return store_raw(f, out, bits, next_blk);
+        return store_raw(f, bytes.as_deref(), out, bits, next_blk);
     };
     // ztailpacking: the last extent behind the inode when the record fits one block.
     let meta_before = f.fixed_meta.div_ceil(8) * 8 + 8 + max_index_bytes(f.size, bits);
@@ -457,7 +568,7 @@ fn finish_file(
         });
         inline = Some((last.bytes, last.plain));
     } else {
-        write_piece(last, &mut p, out, bits, next_blk, c)?;
+        write_piece(last, &mut p, out, bits, next_blk)?;
     }
     // Does the file shrink? Stored blocks + inline bytes + index vs. what it takes
     // uncompressed (its exact size when the tail can go inline, like mkfs.erofs; whole
@@ -474,7 +585,7 @@ fn finish_file(
         if let Some(first) = p.first_blk {
             *next_blk = first;
         }
-        return store_raw(f, out, bits, next_blk);
+        return store_raw(f, bytes.as_deref(), out, bits, next_blk);
     }
     let alg_id = c.algorithms[p.alg].encoder.algorithm().id();
     Ok(Stored::Compressed(ZFile {

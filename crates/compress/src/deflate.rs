@@ -43,6 +43,10 @@ impl FixedOutputCompressor for Deflate {
         Algorithm::Deflate
     }
 
+    fn begin_stream(&mut self) {
+        self.search.reset();
+    }
+
     fn compress_destsize(&mut self, src: &[u8], dst: &mut [u8]) -> (usize, usize) {
         let c = &mut self.c;
         let bound = c.deflate_compress_bound(src.len());

@@ -286,6 +286,11 @@ pub trait FixedOutputCompressor: Send {
     /// for a shorter `src`, not the whole of it. Internal codec failures also give
     /// (0, 0), so the caller falls back to storing the data.
     fn compress_destsize(&mut self, src: &[u8], dst: &mut [u8]) -> (usize, usize);
+    /// Forget what earlier inputs taught the compressor (the prefix search's ratio
+    /// estimate), so the streams for the next inputs depend on those inputs alone. The
+    /// builder calls this before every independently scheduled segment: that is what
+    /// makes images byte-identical for any thread count.
+    fn begin_stream(&mut self) {}
 }
 
 /// A compressor for `spec`, for pclusters of at most `max_pcluster` bytes (which

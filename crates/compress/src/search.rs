@@ -71,6 +71,11 @@ struct Sample {
 }
 
 impl PrefixSearch {
+    /// Back to the initial ratio estimate (the scratch buffer stays allocated).
+    pub fn reset(&mut self) {
+        self.ratio = PrefixSearch::default().ratio;
+    }
+
     /// Find the longest prefix of `src` whose compressed form fits `dst`, leaving it in
     /// `dst`. `bound` is the codec's worst-case output for all of `src`;
     /// `trial(prefix, out)` compresses `prefix` into `out` (`bound` long) and

@@ -42,6 +42,10 @@ impl FixedOutputCompressor for Zstd {
         Algorithm::Zstd
     }
 
+    fn begin_stream(&mut self) {
+        self.search.reset();
+    }
+
     fn compress_destsize(&mut self, src: &[u8], dst: &mut [u8]) -> (usize, usize) {
         let c = &mut self.c;
         let bound = zstd_safe::compress_bound(src.len());

@@ -241,3 +241,37 @@ fn empty_inputs() {
         assert_eq!(&out, b"hello hello hello");
     }
 }
+
+/// After `begin_stream`, a used compressor gives exactly the streams a fresh one gives,
+/// whatever it compressed before (the builder relies on this for identical images at
+/// any thread count). Histories: random data (ratio ~1), then highly repetitive text.
+#[test]
+fn begin_stream_forgets_history() {
+    for s in ["lz4", "lz4hc,9", "lzma,6", "deflate,6", "zstd,3"] {
+        for cap in [4096usize, 65536] {
+            let spec = spec(s);
+            let input = text(cap * 6, 5);
+            let run = |c: &mut Box<dyn FixedOutputCompressor>| {
+                let mut out = Vec::new();
+                let mut pos = 0;
+                let mut dst = vec![0u8; cap];
+                while pos < input.len() && out.len() < 4 {
+                    let (n, w) = c.compress_destsize(&input[pos..], &mut dst);
+                    assert!(n > 0, "{s} {cap}");
+                    out.push((n, dst[..w].to_vec()));
+                    pos += n;
+                }
+                out
+            };
+            let mut fresh = new_compressor(&spec, cap as u32).expect("compressor");
+            let want = run(&mut fresh);
+            for history in [random(cap * 3, 9), vec![b'a'; cap * 40]] {
+                let mut c = new_compressor(&spec, cap as u32).expect("compressor");
+                let mut dst = vec![0u8; cap];
+                let _ = c.compress_destsize(&history, &mut dst);
+                c.begin_stream();
+                assert!(run(&mut c) == want, "{s} at {cap}: history leaked");
+            }
+        }
+    }
+}

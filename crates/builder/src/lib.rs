@@ -310,10 +310,27 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
             .into(),
         what: "inline record larger than a block".into(),
     };
-    // Best-fit packing of the records into metadata blocks from `base` (absolute block
-    // numbers), optionally starting with the free tail of the superblock's block.
-    // Returns each record's absolute byte position and the number of new blocks.
+    // Packing of the records into metadata blocks from `base` (absolute block numbers),
+    // optionally starting with the free tail of the superblock's block. Returns each
+    // record's absolute byte position and the number of new blocks.
+    //
+    // Records with inline data (a tail or a compressed pcluster behind the inode) must
+    // not cross a block boundary; the others may (the kernel reads inodes, xattrs and
+    // indexes across blocks: index packs and chunk entries are aligned, so none is
+    // split). So: first the root (its nid must stay small) and the block-bound records,
+    // best fit; then the others, each into the tightest gap left that holds it whole,
+    // else onto one stream at the end that runs across block boundaries and wastes
+    // nothing.
     let sb_end = (SB_OFFSET + SB_BASE_SIZE as u64 + cfg.bytes.len() as u64).div_ceil(32) * 32;
+    let block_bound = |id: InodeId| {
+        matches!(&layouts[id], Layout::Compressed(z) if z.inline.is_some())
+            || matches!(layouts[id], Layout::Inline { .. })
+            || content_inline[id]
+    };
+    let mut order: Vec<InodeId> = Vec::with_capacity(n);
+    order.push(tree.root);
+    order.extend((0..n).filter(|&id| id != tree.root && block_bound(id)));
+    order.extend((0..n).filter(|&id| id != tree.root && !block_bound(id)));
     let pack = |base: u64, use_sb_block: bool| -> Result<(Vec<u64>, u64)> {
         let mut pos = vec![0u64; n];
         // Free slots (free bytes, absolute block, start offset in the block): best fit,
@@ -334,20 +351,13 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
             add_slot(&mut free_set, blk, sb_end - blk * bs, bs);
         }
         let mut meta_blocks = 0u64;
-        for id in 0..n {
+        // The stream's next byte, once it has begun.
+        let mut stream: Option<u64> = None;
+        for &id in &order {
+            let bound = id == tree.root || block_bound(id);
             let len0 = record_len(id, 0).div_ceil(32) * 32;
-            let z_inline = matches!(&layouts[id], Layout::Compressed(z) if z.inline.is_some());
-            let flat_inline = matches!(layouts[id], Layout::Inline { .. }) || content_inline[id];
-            if len0 > bs {
-                if z_inline || flat_inline {
-                    return Err(bad_inline(id));
-                }
-                pos[id] = (base + meta_blocks) * bs;
-                let len = record_len(id, pos[id]);
-                meta_blocks += len.div_ceil(bs);
-                let last = base + meta_blocks - 1;
-                add_slot(&mut free_set, last, len - (last * bs - pos[id]), bs);
-                continue;
+            if len0 > bs && bound {
+                return Err(bad_inline(id));
             }
             // The index size depends on the offset modulo 32 (index areas are 8-aligned):
             // start from the smallest size it can have, confirm at the candidate.
@@ -363,22 +373,51 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
                     break;
                 }
             }
-            match chosen {
-                Some((free, blk, start, len)) => {
-                    free_set.remove(&(free, blk, start));
-                    pos[id] = blk * bs + start;
-                    add_slot(&mut free_set, blk, start + len, start + free);
-                }
-                None => {
-                    let blk = base + meta_blocks;
-                    meta_blocks += 1;
-                    pos[id] = blk * bs;
-                    let len = record_len(id, pos[id]).div_ceil(32) * 32;
-                    if len > bs && (flat_inline || z_inline) {
-                        return Err(bad_inline(id));
+            if let Some((free, blk, start, len)) = chosen {
+                free_set.remove(&(free, blk, start));
+                pos[id] = blk * bs + start;
+                add_slot(&mut free_set, blk, start + len, start + free);
+            } else if bound {
+                // (Never after the stream began: block-bound records come first. Should
+                // one come later, the stream ends and its block's rest becomes a gap.)
+                if let Some(p) = stream.take() {
+                    if p % bs != 0 {
+                        add_slot(&mut free_set, p / bs, p % bs, bs);
                     }
-                    add_slot(&mut free_set, blk, len.min(bs), bs);
                 }
+                let blk = base + meta_blocks;
+                meta_blocks += 1;
+                pos[id] = blk * bs;
+                let len = record_len(id, pos[id]).div_ceil(32) * 32;
+                if len > bs {
+                    return Err(bad_inline(id));
+                }
+                add_slot(&mut free_set, blk, len.min(bs), bs);
+            } else {
+                let at = match stream {
+                    Some(p) => p,
+                    None => {
+                        // Begin in the free end of the last block, if it has one.
+                        let last = (base + meta_blocks).checked_sub(1).filter(|&b| b >= base);
+                        let end_slot = last.and_then(|b| {
+                            free_set
+                                .iter()
+                                .find(|&&(free, blk, start)| blk == b && start + free == bs)
+                                .copied()
+                        });
+                        match end_slot {
+                            Some(slot) => {
+                                free_set.remove(&slot);
+                                slot.1 * bs + slot.2
+                            }
+                            None => (base + meta_blocks) * bs,
+                        }
+                    }
+                };
+                pos[id] = at;
+                let end = at + record_len(id, at);
+                meta_blocks = meta_blocks.max(end.div_ceil(bs) - base);
+                stream = Some(end.div_ceil(32) * 32);
             }
         }
         Ok((pos, meta_blocks))

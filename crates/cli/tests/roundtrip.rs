@@ -345,3 +345,70 @@ fn sparse_file_over_4gib() {
     drop(m);
     fsck_erofs(&img).unwrap_or_else(|e| panic!("fsck.erofs failed:\n{e}"));
 }
+
+/// Records without inline data may cross block boundaries (the kernel reads inodes,
+/// xattrs and compressed indexes across blocks; mkfs.erofs writes them so too): the
+/// builder streams them past block ends. Build a tree where that must happen (extended
+/// inodes, inline xattrs of every length, compressed and plain files, inline tails),
+/// check that records do cross, and that the kernel and fsck.erofs read it all.
+#[test]
+fn records_cross_block_boundaries() {
+    if !kernel_available("records_cross_block_boundaries") {
+        return;
+    }
+    let fs = Tmpfs::new("256M");
+    let tree = fs.path().join("tree");
+    std::fs::create_dir(&tree).expect("mkdir");
+    for i in 0..600u32 {
+        let p = tree.join(format!("f{i:03}"));
+        let body: Vec<u8> = match i % 3 {
+            // Compressible: a compressed index follows the inode and xattrs.
+            0 => format!("line {i} of a compressible file\n")
+                .repeat(300)
+                .into_bytes(),
+            // Two full blocks: flat-plain, nothing inline.
+            1 => vec![(i % 251) as u8; 8192],
+            // A short tail: inline, so this record stays within one block.
+            _ => vec![b'x'; (i as usize * 7) % 900 + 1],
+        };
+        std::fs::write(&p, &body).expect("write");
+        let value = vec![b'v'; (i as usize * 13) % 300 + 1];
+        xattr::set(&p, format!("user.k{i}"), &value).expect("setxattr");
+        let uid = if i % 2 == 0 { 70_000 + i } else { i };
+        std::os::unix::fs::chown(&p, Some(uid), Some(i)).expect("chown");
+    }
+    for opts in [&["-z", "none"][..], &["-z", "lz4hc", "-C", "4096"][..]] {
+        let img = fs.path().join("cross.erofs");
+        build(&tree, &img, opts);
+        let image = ferofs_reader::Image::open(&img).expect("open");
+        let bs = u64::from(image.block_size());
+        let base = u64::from(image.superblock().meta_blkaddr) * bs;
+        let (mut crossing, mut header_crossing) = (0, 0);
+        image
+            .walk(|_, ino| {
+                let pos = base + ino.nid * 32;
+                let core_end = pos + ino.meta_size;
+                if (core_end - 1) / bs != pos / bs {
+                    crossing += 1;
+                }
+                if ino.layout.is_compressed() && (core_end.div_ceil(8) * 8 + 7) / bs != pos / bs {
+                    header_crossing += 1;
+                }
+                Ok(())
+            })
+            .expect("walk");
+        assert!(crossing > 0, "{opts:?}: no inode + xattrs crosses a block");
+        if opts.contains(&"lz4hc") {
+            assert!(
+                header_crossing > 0,
+                "{opts:?}: no index in the block after its inode"
+            );
+        }
+        {
+            let m = Mount::erofs(&img);
+            assert_same_tree(&tree, m.path());
+        }
+        fsck_erofs(&img).unwrap_or_else(|e| panic!("{opts:?}: fsck.erofs failed:\n{e}"));
+        ok(&[&"check", &img]);
+    }
+}

@@ -21,7 +21,9 @@ impl Deflate {
         let lvl = CompressionLvl::new(level).unwrap_or_default();
         Deflate {
             c: Compressor::new(lvl),
-            search: PrefixSearch::default(),
+            // Up to max(16 B, cap/512) of each pcluster may stay unused: on text at
+            // 4 KiB..1 MiB this costs ~0.1-0.2 % in size and saves 25-45 % of the time.
+            search: PrefixSearch::with_slack(9, 16),
         }
     }
 }

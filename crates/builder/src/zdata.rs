@@ -16,7 +16,6 @@ use ferofs_format::zindex::{ExtentDesc, HeadKind};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// Compression settings for a build.
@@ -175,22 +174,28 @@ pub fn policy(c: &Compression, rel: &[u8]) -> (usize, u32) {
 fn compress_segment(
     job: &Job,
     comps: &mut HashMap<(usize, u32), Box<dyn FixedOutputCompressor>>,
+    dst: &mut Vec<u8>,
     c: &Compression,
     bs: u64,
 ) -> Result<SegOut> {
+    use std::io::{Read, Seek, SeekFrom};
     let len = (job.end - job.start) as usize;
-    let mut data = vec![0u8; len];
-    let f = File::open(&job.path).map_err(io_err(&job.path, "compress: open"))?;
-    f.read_exact_at(&mut data, job.start).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            BuildError::Invalid {
-                path: job.path.clone(),
-                what: "file shrank while it was being read".into(),
-            }
-        } else {
-            io_err(&job.path, "compress: read")(e)
-        }
-    })?;
+    // Read into fresh capacity (no zeroing first: small files are most jobs).
+    let mut data = Vec::with_capacity(len);
+    let mut f = File::open(&job.path).map_err(io_err(&job.path, "compress: open"))?;
+    if job.start > 0 {
+        f.seek(SeekFrom::Start(job.start))
+            .map_err(io_err(&job.path, "compress: seek"))?;
+    }
+    f.take(len as u64)
+        .read_to_end(&mut data)
+        .map_err(io_err(&job.path, "compress: read"))?;
+    if data.len() != len {
+        return Err(BuildError::Invalid {
+            path: job.path.clone(),
+            what: "file shrank while it was being read".into(),
+        });
+    }
     let key = (job.alg, job.pcluster);
     if let std::collections::hash_map::Entry::Vacant(e) = comps.entry(key) {
         let spec = &c.algorithms[job.alg];
@@ -204,13 +209,17 @@ fn compress_segment(
     // Each segment starts from the same compressor state, whichever worker ran what
     // before: the output must not depend on the thread count or on scheduling.
     comp.begin_stream();
-    let mut dst = vec![0u8; job.pcluster as usize];
+    // The worker's output buffer, reused: zeroed only when it grows.
+    if dst.len() < job.pcluster as usize {
+        dst.resize(job.pcluster as usize, 0);
+    }
+    let dst = &mut dst[..job.pcluster as usize];
     let mut pieces = Vec::new();
     let mut pos = 0usize;
     // Bounded: every iteration consumes at least one byte.
     while pos < len {
         let src = &data[pos..len.min(pos + MAX_EXTENT_INPUT)];
-        let (consumed, written) = comp.compress_destsize(src, &mut dst);
+        let (consumed, written) = comp.compress_destsize(src, dst);
         let stored = (written as u64).div_ceil(bs) * bs;
         if consumed > 0 && written > 0 && stored < consumed as u64 {
             pieces.push(Piece {
@@ -414,6 +423,7 @@ fn run_ordered(
             s.spawn(move || {
                 let _guard = OnPanic(halt);
                 let mut comps = HashMap::new();
+                let mut dst = Vec::new();
                 // Bounded: every iteration takes a new job index.
                 loop {
                     let i = next.fetch_add(1, Ordering::SeqCst);
@@ -428,7 +438,7 @@ fn run_ordered(
                     if stop.load(Ordering::SeqCst) {
                         break;
                     }
-                    let r = compress_segment(&jobs[i], &mut comps, c, bs);
+                    let r = compress_segment(&jobs[i], &mut comps, &mut dst, c, bs);
                     if tx.send((i, r)).is_err() {
                         break;
                     }

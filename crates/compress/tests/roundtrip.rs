@@ -281,3 +281,28 @@ fn begin_stream_forgets_history() {
         }
     }
 }
+
+/// lz4hc levels 1 and 2 run as level 3 (liblz4 1.10's "lz4mid" strategy for those
+/// levels fills fixed-size outputs worse than plain lz4 on real text): same streams.
+#[test]
+fn lz4hc_low_levels_run_as_level_3() {
+    let input = text(1 << 20, 3);
+    let cap = 4096;
+    let pack = |s: &str| {
+        let mut c = new_compressor(&spec(s), cap as u32).expect("compressor");
+        let mut out = Vec::new();
+        let mut pos = 0;
+        let mut dst = vec![0u8; cap];
+        while pos < input.len() {
+            let (n, w) = c.compress_destsize(&input[pos..], &mut dst);
+            assert!(n > 0, "{s}");
+            out.push((n, dst[..w].to_vec()));
+            pos += n;
+        }
+        out
+    };
+    let want = pack("lz4hc,3");
+    for s in ["lz4hc,1", "lz4hc,2"] {
+        assert!(pack(s) == want, "{s} differs from lz4hc,3");
+    }
+}

@@ -253,8 +253,8 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
         .any(|l| matches!(l, Layout::Compressed(z) if z.inline.is_some()));
 
     // Directory entries and symlink targets: content known now, nids later.
-    let mut dir_entries: Vec<Option<(dir::DirEntries, Vec<std::ops::Range<usize>>, u64)>> =
-        vec![None; n];
+    type DirPlan = (dir::DirEntries, Vec<std::ops::Range<usize>>, u64);
+    let mut dir_entries: Vec<Option<DirPlan>> = vec![None; n];
     let mut sizes: Vec<u64> = vec![0; n];
     for (id, nd) in tree.nodes.iter().enumerate() {
         match &nd.kind {

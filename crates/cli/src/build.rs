@@ -140,14 +140,16 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
     o.threads = a.threads;
     o.fsync = a.fsync;
     if a.compress != "none" {
-        let mut c = Compression::default();
-        c.algorithms = a
-            .compress
-            .split(':')
-            .map(|s| CompressorSpec::parse(s).with_context(|| format!("-z {s:?}")))
-            .collect::<Result<_>>()?;
-        c.pcluster_size = a.pcluster_size.unwrap_or(a.block_size);
-        c.ztailpacking = ztail;
+        let mut c = Compression {
+            algorithms: a
+                .compress
+                .split(':')
+                .map(|s| CompressorSpec::parse(s).with_context(|| format!("-z {s:?}")))
+                .collect::<Result<_>>()?,
+            pcluster_size: a.pcluster_size.unwrap_or(a.block_size),
+            ztailpacking: ztail,
+            ..Compression::default()
+        };
         if let Some(h) = &a.compress_hints {
             let text = std::fs::read_to_string(h)
                 .with_context(|| format!("--compress-hints {}", h.display()))?;

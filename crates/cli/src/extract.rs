@@ -178,7 +178,7 @@ pub fn run(a: ExtractArgs) -> Result<()> {
         .filter(|e| !e.ino.is_dir() && e.link_to.is_none())
         .try_for_each(|e| apply_meta(&img, e, &a))?;
     let mut dirs: Vec<&Entry> = entries.iter().filter(|e| e.ino.is_dir()).collect();
-    dirs.sort_by(|x, y| y.depth.cmp(&x.depth));
+    dirs.sort_by_key(|e| std::cmp::Reverse(e.depth));
     for e in dirs {
         apply_meta(&img, e, &a)?;
     }
@@ -242,6 +242,8 @@ fn apply_meta(img: &Image, e: &Entry, a: &ExtractArgs) -> Result<()> {
         )
         .with_context(ctx)?;
     }
+    // tv_nsec is not i64 on every target: keep the conversion.
+    #[allow(clippy::useless_conversion)]
     let t = rustix::fs::Timespec {
         tv_sec: e.ino.mtime,
         tv_nsec: i64::from(e.ino.mtime_nsec).try_into().unwrap_or(0),

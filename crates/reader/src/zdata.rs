@@ -19,12 +19,15 @@ pub struct PclusterCache {
     inner: Mutex<CacheInner>,
 }
 
+/// (nid, logical start) -> (last use, decoded bytes).
+type CacheMap = std::collections::HashMap<(u64, u64), (u64, Arc<Vec<u8>>)>;
+
 struct CacheInner {
     budget: usize,
     used: usize,
     tick: u64,
     /// (nid, logical start) -> (last use, decoded bytes).
-    map: std::collections::HashMap<(u64, u64), (u64, Arc<Vec<u8>>)>,
+    map: CacheMap,
 }
 
 impl PclusterCache {

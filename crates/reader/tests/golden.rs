@@ -10,6 +10,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 /// A canonical line per entry: everything the kernel exposes that we compare.
+#[allow(clippy::too_many_arguments)]
 fn line(
     ftype: &str,
     mode: u32,

@@ -203,6 +203,7 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
         o.inline_data && tail != 0 && fixed_meta(id) + tail <= bs
     };
     let data_end;
+    let mut compressor_input = 0;
     if let Some(c) = &o.compression {
         let mut reqs = Vec::new();
         for (id, nd) in tree.nodes.iter().enumerate() {
@@ -223,7 +224,8 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
         } else {
             o.threads
         };
-        let (stored, end) = zdata::store_all(&reqs, c, &mut out, bits, first_blk, threads)?;
+        let (stored, end, fed) = zdata::store_all(&reqs, c, &mut out, bits, first_blk, threads)?;
+        compressor_input = fed;
         for (r, st) in reqs.iter().zip(stored) {
             layouts[r.id] = match st {
                 zdata::Stored::Compressed(z) => Layout::Compressed(z),
@@ -688,6 +690,7 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     let mut r = BuildReport {
         inodes: n as u64,
         bytes_in,
+        compressor_input,
         image_bytes: total_blocks * bs,
         blocks: total_blocks,
         uuid: sb.uuid,

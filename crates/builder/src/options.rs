@@ -106,6 +106,9 @@ pub struct BuildReport {
     pub symlinks: u64,
     pub special: u64,
     pub bytes_in: u64,
+    /// File bytes handed to a compressor (data stored as it is without trying, such as
+    /// files of at most one block without ztailpacking, is not counted).
+    pub compressor_input: u64,
     pub image_bytes: u64,
     pub blocks: u64,
     pub uuid: [u8; 16],

@@ -140,12 +140,16 @@ struct Job {
     /// The job covers the whole file: its bytes come back with the pieces, so a file
     /// that does not shrink is stored without reading it again.
     whole: bool,
+    /// The job ends the file.
+    last: bool,
 }
 
 /// What a worker hands the committer for one job.
 struct SegOut {
     pieces: Vec<Piece>,
     raw: Option<Vec<u8>>,
+    /// Input bytes handed to the compressor.
+    fed: u64,
 }
 
 /// Most input one extent may take (the kernel accepts up to 12 MiB decoded).
@@ -216,8 +220,24 @@ fn compress_segment(
     let dst = &mut dst[..job.pcluster as usize];
     let mut pieces = Vec::new();
     let mut pos = 0usize;
+    // At the end of a file, at most one block left takes one block compressed or not
+    // (unless the compressed tail goes inline): store it as is, without compressing it
+    // (as mkfs.erofs does).
+    let plain_tail = job.last && !c.ztailpacking;
     // Bounded: every iteration consumes at least one byte.
     while pos < len {
+        if plain_tail && (len - pos) as u64 <= bs {
+            pieces.push(Piece {
+                lstart: job.start + pos as u64,
+                bytes: data[pos..].to_vec(),
+                plain: true,
+            });
+            return Ok(SegOut {
+                pieces,
+                raw: job.whole.then_some(data),
+                fed: pos as u64,
+            });
+        }
         let src = &data[pos..len.min(pos + MAX_EXTENT_INPUT)];
         let (consumed, written) = comp.compress_destsize(src, dst);
         let stored = (written as u64).div_ceil(bs) * bs;
@@ -242,6 +262,7 @@ fn compress_segment(
     Ok(SegOut {
         pieces,
         raw: job.whole.then_some(data),
+        fed: len as u64,
     })
 }
 
@@ -269,7 +290,8 @@ pub struct FileReq {
 }
 
 /// Compress every file in `files` (inode order) and write the data at `next_blk`.
-/// Returns one `Stored` per file and the next free block.
+/// Returns one `Stored` per file, the next free block and the input bytes handed to
+/// the compressors.
 pub fn store_all(
     files: &[FileReq],
     c: &Compression,
@@ -277,7 +299,7 @@ pub fn store_all(
     bits: u8,
     mut next_blk: u64,
     threads: usize,
-) -> Result<(Vec<Stored>, u64)> {
+) -> Result<(Vec<Stored>, u64, u64)> {
     let bs = 1u64 << bits;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
@@ -297,7 +319,10 @@ pub fn store_all(
     });
     let mut jobs = Vec::new();
     for (fi, f) in files.iter().enumerate() {
-        if holey[fi] || f.size == 0 {
+        // A file of at most one block cannot shrink unless its compressed form goes
+        // inline (ztailpacking): compressed it still takes a block, raw its bytes go
+        // inline or take that one block. Not compressing it gives the same image.
+        if holey[fi] || f.size == 0 || (!c.ztailpacking && f.size <= bs) {
             continue;
         }
         let (alg, pcl) = policy(c, &f.rel);
@@ -313,6 +338,7 @@ pub fn store_all(
                 alg,
                 pcluster: pcl,
                 whole: s == 0 && e == f.size,
+                last: e == f.size,
             });
             s = e;
         }
@@ -321,6 +347,7 @@ pub fn store_all(
     let mut pending: Option<(usize, Pending)> = None;
     // Files before `done_upto` are committed.
     let mut done_upto = 0usize;
+    let mut fed = 0u64;
     // The committer (this thread) takes results strictly in job order while the
     // workers run ahead, at most `window` input bytes past the last committed job.
     let mut commit = |job: &Job, seg: SegOut| -> Result<()> {
@@ -350,6 +377,7 @@ pub fn store_all(
             return Ok(());
         };
         p.raw = seg.raw;
+        fed += seg.fed;
         for piece in seg.pieces {
             if let Some(prev) = p.last.take() {
                 write_piece(prev, p, out, bits, &mut next_blk)?;
@@ -371,7 +399,7 @@ pub fn store_all(
     for r in results {
         v.push(r.ok_or_else(|| BuildError::Options("internal: file not stored".into()))?);
     }
-    Ok((v, next_blk))
+    Ok((v, next_blk, fed))
 }
 
 /// Run `jobs` on `threads` workers and hand each result to `commit` in job order, on

@@ -197,3 +197,113 @@ fn hints_defaults_fallback_and_determinism() {
     );
     assert!(!fs.path().join("bad.erofs").exists());
 }
+
+/// Text of `n` bytes from a small deterministic word generator (compresses ~3x).
+fn words(seed: u64, n: usize) -> Vec<u8> {
+    const W: [&str; 16] = [
+        "erofs ", "block ", "cluster ", "read ", "only ", "kernel ", "image ", "the ", "of ",
+        "data\n", "inode ", "xattr ", "zero ", "tail ", "pack ", "map ",
+    ];
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut v = Vec::with_capacity(n + 16);
+    while v.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(W[(x % 16) as usize].as_bytes());
+        if x.is_multiple_of(5) {
+            v.extend_from_slice(format!("{} ", x % 100_000).as_bytes());
+        }
+    }
+    v.truncate(n);
+    v
+}
+
+/// Without ztailpacking, a file of at most one block and the last at most one block
+/// of a file take a block whether compressed or not: they are stored as they are (as
+/// mkfs.erofs does), without handing them to the compressor. With ztailpacking they are
+/// compressed (their compressed form may go inline). Contents read back exactly.
+#[test]
+fn sub_block_data_is_not_compressed_without_ztailpacking() {
+    use ferofs_builder::{build_from_dir, BuildOptions, Compression};
+    use ferofs_compress::CompressorSpec;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tree = dir.path().join("tree");
+    std::fs::create_dir(&tree).expect("mkdir");
+    let mut sizes = vec![1usize, 700, 2000, 4095, 4096, 4097, 6000, 9000];
+    sizes.extend((0..40).map(|i| 10_000 + i * 3_917));
+    for (i, &n) in sizes.iter().enumerate() {
+        std::fs::write(tree.join(format!("f{i:02}")), words(i as u64, n)).expect("write");
+    }
+    let total: u64 = sizes.iter().map(|&n| n as u64).sum();
+    let small: u64 = sizes
+        .iter()
+        .filter(|&&n| n <= 4096)
+        .map(|&n| n as u64)
+        .sum();
+    for (alg, tailpack) in [("lz4hc", false), ("lzma", false), ("lz4hc", true)] {
+        let img = dir.path().join(format!("{alg}-{tailpack}.erofs"));
+        let opts = BuildOptions {
+            compression: Some(Compression {
+                algorithms: vec![CompressorSpec::parse(alg).expect("spec")],
+                pcluster_size: 4096,
+                ztailpacking: tailpack,
+                hints: Vec::new(),
+            }),
+            ..BuildOptions::default()
+        };
+        let report = build_from_dir(&tree, &img, &opts).expect("build");
+        let (mut plain_tails, mut small_compressed_tails, mut inline_compressed) = (0, 0, 0);
+        let mut plain_tail_bytes = 0;
+        for (i, &n) in sizes.iter().enumerate() {
+            let path = format!("/f{i:02}");
+            let st = json(&ok(&[&"stat", &"--json", &img, &path]));
+            let layout = st["layout"].as_str().expect("layout");
+            if !tailpack && n <= 4096 {
+                assert!(!layout.starts_with("compressed"), "{alg} {path}: {st}");
+            }
+            if layout.starts_with("compressed") {
+                let ext = st["extents"].as_array().expect("extents");
+                let last = ext.last().expect("an extent");
+                let kind = last["kind"].as_str().expect("kind");
+                let len = last["length"].as_u64().expect("length");
+                if kind.ends_with("inline") && !kind.starts_with("plain") {
+                    inline_compressed += 1;
+                }
+                if len <= 4096 {
+                    if kind.starts_with("plain") {
+                        plain_tails += 1;
+                        plain_tail_bytes += len;
+                    } else {
+                        small_compressed_tails += 1;
+                    }
+                }
+            }
+            let back = ok(&[&"cat", &img, &path]);
+            assert!(
+                back.as_bytes() == words(i as u64, n),
+                "{alg} {path} differs"
+            );
+        }
+        if tailpack {
+            assert!(
+                inline_compressed > 0,
+                "no compressed tail inline with ztailpacking"
+            );
+            assert_eq!(report.compressor_input, total);
+        } else {
+            assert_eq!(
+                small_compressed_tails, 0,
+                "{alg}: compressed sub-block tails"
+            );
+            assert_eq!(inline_compressed, 0);
+            assert!(plain_tails > 0, "{alg}: the case did not occur");
+            // Neither the small files nor the plain tails went through the compressor.
+            assert_eq!(
+                report.compressor_input,
+                total - small - plain_tail_bytes,
+                "{alg}"
+            );
+        }
+    }
+}

@@ -4,17 +4,32 @@
 //! fits.
 //!
 //! usage: cargo run --release -p ferofs-compress --example bench -- FILE
-//!        [--specs lz4,lz4hc:zstd,3] [--caps 4096,131072] [--reference]
+//!        [--specs lz4,lz4hc:zstd,3] [--caps 4096,131072] [--reference] [--hist]
+//!
+//! Columns: `trials` per pcluster, `in/full` input bytes per full pcluster, `work` input
+//! bytes fed to the codec by all trials per input byte (what the search costs, free of
+//! timing noise). `--hist` prints how many pclusters took 1, 2, ... trials.
 //!
 //! `--reference` also runs a plain bisection search for zstd/deflate that stops only
 //! at a one-byte bracket or one byte of slack (what mkfs.erofs does), to compare how
-//! much input each search packs per pcluster and how many trials it needs.
+//! much input each search packs per pcluster and how many trials it needs; for deflate
+//! also a search like mkfs.erofs 1.9.3's libdeflate one (first guess 15/16 of the last
+//! input, stop at `22 - 2 * level` unused bytes). Note that mkfs.erofs `-zdeflate` runs
+//! its own fixed-output encoder, not libdeflate (`-zlibdeflate`).
 
-use ferofs_compress::{new_compressor, search::TRIALS, CompressorSpec, Encoder};
+use ferofs_compress::{
+    new_compressor,
+    search::{TRIALS, TRIAL_BYTES},
+    CompressorSpec, Encoder,
+};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 const BLOCK: usize = 4096;
+thread_local! {
+    /// Pclusters by the number of trials their search took.
+    static HIST: std::cell::RefCell<[u64; 16]> = const { std::cell::RefCell::new([0; 16]) };
+}
 const MAX_INPUT: usize = 16 << 20;
 
 struct Outcome {
@@ -24,6 +39,8 @@ struct Outcome {
     stored: usize,
     pclusters: usize,
     trials: u64,
+    /// Input bytes fed to the codec by all trials.
+    work: u64,
 }
 
 fn simulate(
@@ -34,10 +51,14 @@ fn simulate(
     let mut dst = vec![0u8; cap];
     let (mut pos, mut stored, mut pclusters, mut packed, mut full) = (0, 0, 0, 0, 0);
     let t0 = TRIALS.load(Ordering::Relaxed);
+    let w0 = TRIAL_BYTES.load(Ordering::Relaxed);
     let start = Instant::now();
     while pos < data.len() {
         let src = &data[pos..data.len().min(pos + MAX_INPUT)];
+        let tb = TRIALS.load(Ordering::Relaxed);
         let (consumed, written) = f(src, &mut dst);
+        let k = (TRIALS.load(Ordering::Relaxed) - tb).min(15) as usize;
+        HIST.with(|h| h.borrow_mut()[k] += 1);
         let blocks = written.div_ceil(BLOCK) * BLOCK;
         if consumed > 0 && blocks < consumed {
             pos += consumed;
@@ -60,29 +81,35 @@ fn simulate(
         stored,
         pclusters,
         trials: TRIALS.load(Ordering::Relaxed) - t0,
+        work: TRIAL_BYTES.load(Ordering::Relaxed) - w0,
     }
 }
 
 /// Bisection with ratio steps, stopping at a one-byte bracket or one byte of slack.
+/// With `slack` > 1 and `last`, a stop and first guess like mkfs.erofs 1.9.3's
+/// libdeflate search (15/16 of the previous pcluster's input; `22 - 2 * level` bytes).
 fn reference(
     src: &[u8],
     dst: &mut [u8],
     scratch: &mut Vec<u8>,
     trials: &mut u64,
+    last: &mut usize,
+    slack: usize,
     mut compress: impl FnMut(&[u8], &mut [u8]) -> Option<usize>,
 ) -> (usize, usize) {
     let cap = dst.len();
     let (mut l, mut l_size, mut r) = (0usize, 0usize, src.len() + 1);
-    let mut m = cap * 4;
+    let mut m = if *last > 0 { *last * 15 / 16 } else { cap * 4 };
     scratch.resize(cap + 64, 0);
     loop {
         m = m.max(l + 1).min(r - 1);
         *trials += 1;
+        TRIAL_BYTES.fetch_add(m as u64, Ordering::Relaxed);
         match compress(&src[..m], &mut scratch[..cap + 64]) {
             Some(w) if w <= cap => {
                 dst[..w].copy_from_slice(&scratch[..w]);
                 (l, l_size) = (m, w);
-                if r <= l + 1 || w + 1 >= cap {
+                if r <= l + 1 || w + slack >= cap {
                     break;
                 }
                 m = cap * m / w;
@@ -95,6 +122,9 @@ fn reference(
                 m = (l + r) / 2;
             }
         }
+    }
+    if slack > 1 {
+        *last = l;
     }
     (l, l_size)
 }
@@ -117,38 +147,55 @@ fn main() {
         .filter_map(|c| c.parse().ok())
         .collect();
     let with_ref = args.iter().any(|a| a == "--reference");
+    let with_hist = args.iter().any(|a| a == "--hist");
     let data = std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let mb = data.len() as f64 / 1e6;
     println!("{path}: {} bytes", data.len());
     println!(
-        "{:<20} {:>8} {:>10} {:>12} {:>8} {:>10} {:>8} {:>10}",
-        "spec", "cap", "MB/s", "stored", "ratio", "pclusters", "trials", "in/full"
+        "{:<20} {:>8} {:>10} {:>12} {:>8} {:>10} {:>8} {:>10} {:>6}",
+        "spec", "cap", "MB/s", "stored", "ratio", "pclusters", "trials", "in/full", "work"
     );
     for s in specs.split(':') {
         let spec = CompressorSpec::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"));
         for &cap in &caps {
             let mut c = new_compressor(&spec, cap as u32).unwrap_or_else(|e| panic!("{e}"));
             let o = simulate(&data, cap, |src, dst| c.compress_destsize(src, dst));
-            println!(
-                "{:<20} {:>8} {:>10.1} {:>12} {:>8.3} {:>10} {:>8.2} {:>10.1}",
-                spec.to_string(),
-                cap,
-                mb / o.secs,
-                o.stored,
-                data.len() as f64 / o.stored as f64,
-                o.pclusters,
-                o.trials as f64 / o.pclusters.max(1) as f64,
-                o.packed as f64 / o.full.max(1) as f64
-            );
+            row(&spec.to_string(), cap, mb, data.len(), &o, o.trials);
+            if with_hist {
+                HIST.with(|h| {
+                    println!("  trials per pcluster (0..15+): {:?}", h.borrow());
+                    *h.borrow_mut() = [0; 16];
+                });
+            }
             if with_ref {
-                run_reference(&spec, &data, cap, mb);
+                run_reference(&spec, &data, cap, mb, 1);
+                if spec.encoder == Encoder::Deflate {
+                    let slack = (22 - 2 * spec.level).max(1) as usize;
+                    run_reference(&spec, &data, cap, mb, slack);
+                }
             }
         }
     }
 }
 
-fn run_reference(spec: &CompressorSpec, data: &[u8], cap: usize, mb: f64) {
+fn row(label: &str, cap: usize, mb: f64, len: usize, o: &Outcome, trials: u64) {
+    println!(
+        "{:<20} {:>8} {:>10.1} {:>12} {:>8.3} {:>10} {:>8.2} {:>10.1} {:>6.2}",
+        label,
+        cap,
+        mb / o.secs,
+        o.stored,
+        len as f64 / o.stored as f64,
+        o.pclusters,
+        trials as f64 / o.pclusters.max(1) as f64,
+        o.packed as f64 / o.full.max(1) as f64,
+        o.work as f64 / len as f64
+    );
+}
+
+fn run_reference(spec: &CompressorSpec, data: &[u8], cap: usize, mb: f64, slack: usize) {
     let mut trials = 0u64;
+    let mut last = 0usize;
     let mut scratch = Vec::new();
     let o = match spec.encoder {
         Encoder::Zstd => {
@@ -157,35 +204,44 @@ fn run_reference(spec: &CompressorSpec, data: &[u8], cap: usize, mb: f64) {
             let _ = c.set_parameter(zstd_safe::CParameter::CompressionLevel(spec.level));
             let _ = c.set_parameter(zstd_safe::CParameter::WindowLog(wlog));
             simulate(data, cap, |src, dst| {
-                reference(src, dst, &mut scratch, &mut trials, |p, out| {
-                    let r = c.compress2(out, p).ok();
-                    if r.is_none() {
-                        let _ = c.reset(zstd_safe::ResetDirective::SessionOnly);
-                    }
-                    r
-                })
+                reference(
+                    src,
+                    dst,
+                    &mut scratch,
+                    &mut trials,
+                    &mut last,
+                    slack,
+                    |p, out| {
+                        let r = c.compress2(out, p).ok();
+                        if r.is_none() {
+                            let _ = c.reset(zstd_safe::ResetDirective::SessionOnly);
+                        }
+                        r
+                    },
+                )
             })
         }
         Encoder::Deflate => {
             let lvl = libdeflater::CompressionLvl::new(spec.level).unwrap_or_default();
             let mut c = libdeflater::Compressor::new(lvl);
             simulate(data, cap, |src, dst| {
-                reference(src, dst, &mut scratch, &mut trials, |p, out| {
-                    c.deflate_compress(p, out).ok().filter(|&w| w > 0)
-                })
+                reference(
+                    src,
+                    dst,
+                    &mut scratch,
+                    &mut trials,
+                    &mut last,
+                    slack,
+                    |p, out| c.deflate_compress(p, out).ok().filter(|&w| w > 0),
+                )
             })
         }
         _ => return,
     };
-    println!(
-        "{:<20} {:>8} {:>10.1} {:>12} {:>8.3} {:>10} {:>8.2} {:>10.1}",
-        "  (reference)",
-        cap,
-        mb / o.secs,
-        o.stored,
-        data.len() as f64 / o.stored as f64,
-        o.pclusters,
-        trials as f64 / o.pclusters.max(1) as f64,
-        o.packed as f64 / o.full.max(1) as f64
-    );
+    let label = if slack > 1 {
+        format!("  (mkfs-like {slack})")
+    } else {
+        "  (reference)".to_string()
+    };
+    row(&label, cap, mb, data.len(), &o, trials);
 }

@@ -46,6 +46,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Trials run by all searches in this process (for benchmarks; not part of the API).
 pub static TRIALS: AtomicU64 = AtomicU64::new(0);
+/// Input bytes compressed by all those trials (for benchmarks; not part of the API).
+pub static TRIAL_BYTES: AtomicU64 = AtomicU64::new(0);
 
 /// Hard limit on trials per call; bisection alone converges in about 23 for 4 MiB.
 const MAX_TRIALS: usize = 48;
@@ -132,6 +134,7 @@ impl PrefixSearch {
 
         for _ in 0..MAX_TRIALS {
             TRIALS.fetch_add(1, Ordering::Relaxed);
+            TRIAL_BYTES.fetch_add(n as u64, Ordering::Relaxed);
             let Some(size) = trial(&src[..n], &mut self.scratch[..need]) else {
                 break;
             };

@@ -224,6 +224,8 @@ fn compress_segment(
     // (unless the compressed tail goes inline): store it as is, without compressing it
     // (as mkfs.erofs does).
     let plain_tail = job.last && !c.ztailpacking;
+    // Input bytes handed to the compressor.
+    let mut fed = len as u64;
     // Bounded: every iteration consumes at least one byte.
     while pos < len {
         if plain_tail && (len - pos) as u64 <= bs {
@@ -232,11 +234,8 @@ fn compress_segment(
                 bytes: data[pos..].to_vec(),
                 plain: true,
             });
-            return Ok(SegOut {
-                pieces,
-                raw: job.whole.then_some(data),
-                fed: pos as u64,
-            });
+            fed = pos as u64;
+            break;
         }
         let src = &data[pos..len.min(pos + MAX_EXTENT_INPUT)];
         let (consumed, written) = comp.compress_destsize(src, dst);
@@ -262,7 +261,7 @@ fn compress_segment(
     Ok(SegOut {
         pieces,
         raw: job.whole.then_some(data),
-        fed: len as u64,
+        fed,
     })
 }
 

@@ -26,10 +26,6 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 const BLOCK: usize = 4096;
-thread_local! {
-    /// Pclusters by the number of trials their search took.
-    static HIST: std::cell::RefCell<[u64; 16]> = const { std::cell::RefCell::new([0; 16]) };
-}
 const MAX_INPUT: usize = 16 << 20;
 
 struct Outcome {
@@ -41,6 +37,8 @@ struct Outcome {
     trials: u64,
     /// Input bytes fed to the codec by all trials.
     work: u64,
+    /// Pclusters by the number of trials their search took (15: 15 or more).
+    hist: [u64; 16],
 }
 
 fn simulate(
@@ -52,13 +50,14 @@ fn simulate(
     let (mut pos, mut stored, mut pclusters, mut packed, mut full) = (0, 0, 0, 0, 0);
     let t0 = TRIALS.load(Ordering::Relaxed);
     let w0 = TRIAL_BYTES.load(Ordering::Relaxed);
+    let mut hist = [0u64; 16];
     let start = Instant::now();
     while pos < data.len() {
         let src = &data[pos..data.len().min(pos + MAX_INPUT)];
         let tb = TRIALS.load(Ordering::Relaxed);
         let (consumed, written) = f(src, &mut dst);
         let k = (TRIALS.load(Ordering::Relaxed) - tb).min(15) as usize;
-        HIST.with(|h| h.borrow_mut()[k] += 1);
+        hist[k] += 1;
         let blocks = written.div_ceil(BLOCK) * BLOCK;
         if consumed > 0 && blocks < consumed {
             pos += consumed;
@@ -82,51 +81,62 @@ fn simulate(
         pclusters,
         trials: TRIALS.load(Ordering::Relaxed) - t0,
         work: TRIAL_BYTES.load(Ordering::Relaxed) - w0,
+        hist,
     }
 }
 
 /// Bisection with ratio steps, stopping at a one-byte bracket or one byte of slack.
-/// With `slack` > 1 and `last`, a stop and first guess like mkfs.erofs 1.9.3's
-/// libdeflate search (15/16 of the previous pcluster's input; `22 - 2 * level` bytes).
-fn reference(
-    src: &[u8],
-    dst: &mut [u8],
-    scratch: &mut Vec<u8>,
-    trials: &mut u64,
-    last: &mut usize,
+/// With `slack` > 1, a stop and first guess like mkfs.erofs 1.9.3's libdeflate search
+/// (15/16 of the previous pcluster's input; `22 - 2 * level` bytes).
+struct Reference {
+    scratch: Vec<u8>,
+    /// Input taken by the previous pcluster (0: none yet, or `slack` is 1).
+    last: usize,
     slack: usize,
-    mut compress: impl FnMut(&[u8], &mut [u8]) -> Option<usize>,
-) -> (usize, usize) {
-    let cap = dst.len();
-    let (mut l, mut l_size, mut r) = (0usize, 0usize, src.len() + 1);
-    let mut m = if *last > 0 { *last * 15 / 16 } else { cap * 4 };
-    scratch.resize(cap + 64, 0);
-    loop {
-        m = m.max(l + 1).min(r - 1);
-        *trials += 1;
-        TRIAL_BYTES.fetch_add(m as u64, Ordering::Relaxed);
-        match compress(&src[..m], &mut scratch[..cap + 64]) {
-            Some(w) if w <= cap => {
-                dst[..w].copy_from_slice(&scratch[..w]);
-                (l, l_size) = (m, w);
-                if r <= l + 1 || w + slack >= cap {
-                    break;
+}
+
+impl Reference {
+    fn run(
+        &mut self,
+        src: &[u8],
+        dst: &mut [u8],
+        mut compress: impl FnMut(&[u8], &mut [u8]) -> Option<usize>,
+    ) -> (usize, usize) {
+        let cap = dst.len();
+        let (mut l, mut l_size, mut r) = (0usize, 0usize, src.len() + 1);
+        let mut m = if self.last > 0 {
+            self.last * 15 / 16
+        } else {
+            cap * 4
+        };
+        self.scratch.resize(cap + 64, 0);
+        loop {
+            m = m.max(l + 1).min(r - 1);
+            TRIALS.fetch_add(1, Ordering::Relaxed);
+            TRIAL_BYTES.fetch_add(m as u64, Ordering::Relaxed);
+            match compress(&src[..m], &mut self.scratch[..cap + 64]) {
+                Some(w) if w <= cap => {
+                    dst[..w].copy_from_slice(&self.scratch[..w]);
+                    (l, l_size) = (m, w);
+                    if r <= l + 1 || w + self.slack >= cap {
+                        break;
+                    }
+                    m = cap * m / w;
                 }
-                m = cap * m / w;
-            }
-            _ => {
-                r = m;
-                if r <= l + 1 {
-                    break;
+                _ => {
+                    r = m;
+                    if r <= l + 1 {
+                        break;
+                    }
+                    m = (l + r) / 2;
                 }
-                m = (l + r) / 2;
             }
         }
+        if self.slack > 1 {
+            self.last = l;
+        }
+        (l, l_size)
     }
-    if slack > 1 {
-        *last = l;
-    }
-    (l, l_size)
 }
 
 fn main() {
@@ -160,25 +170,19 @@ fn main() {
         for &cap in &caps {
             let mut c = new_compressor(&spec, cap as u32).unwrap_or_else(|e| panic!("{e}"));
             let o = simulate(&data, cap, |src, dst| c.compress_destsize(src, dst));
-            row(&spec.to_string(), cap, mb, data.len(), &o, o.trials);
-            if with_hist {
-                HIST.with(|h| {
-                    println!("  trials per pcluster (0..15+): {:?}", h.borrow());
-                    *h.borrow_mut() = [0; 16];
-                });
-            }
+            row(&spec.to_string(), cap, mb, data.len(), &o, with_hist);
             if with_ref {
-                run_reference(&spec, &data, cap, mb, 1);
+                run_reference(&spec, &data, cap, mb, 1, with_hist);
                 if spec.encoder == Encoder::Deflate {
                     let slack = (22 - 2 * spec.level).max(1) as usize;
-                    run_reference(&spec, &data, cap, mb, slack);
+                    run_reference(&spec, &data, cap, mb, slack, with_hist);
                 }
             }
         }
     }
 }
 
-fn row(label: &str, cap: usize, mb: f64, len: usize, o: &Outcome, trials: u64) {
+fn row(label: &str, cap: usize, mb: f64, len: usize, o: &Outcome, with_hist: bool) {
     println!(
         "{:<20} {:>8} {:>10.1} {:>12} {:>8.3} {:>10} {:>8.2} {:>10.1} {:>6.2}",
         label,
@@ -187,16 +191,28 @@ fn row(label: &str, cap: usize, mb: f64, len: usize, o: &Outcome, trials: u64) {
         o.stored,
         len as f64 / o.stored as f64,
         o.pclusters,
-        trials as f64 / o.pclusters.max(1) as f64,
+        o.trials as f64 / o.pclusters.max(1) as f64,
         o.packed as f64 / o.full.max(1) as f64,
         o.work as f64 / len as f64
     );
+    if with_hist {
+        println!("  trials per pcluster (0..15+): {:?}", o.hist);
+    }
 }
 
-fn run_reference(spec: &CompressorSpec, data: &[u8], cap: usize, mb: f64, slack: usize) {
-    let mut trials = 0u64;
-    let mut last = 0usize;
-    let mut scratch = Vec::new();
+fn run_reference(
+    spec: &CompressorSpec,
+    data: &[u8],
+    cap: usize,
+    mb: f64,
+    slack: usize,
+    with_hist: bool,
+) {
+    let mut r = Reference {
+        scratch: Vec::new(),
+        last: 0,
+        slack,
+    };
     let o = match spec.encoder {
         Encoder::Zstd => {
             let mut c = zstd_safe::CCtx::create();
@@ -204,36 +220,22 @@ fn run_reference(spec: &CompressorSpec, data: &[u8], cap: usize, mb: f64, slack:
             let _ = c.set_parameter(zstd_safe::CParameter::CompressionLevel(spec.level));
             let _ = c.set_parameter(zstd_safe::CParameter::WindowLog(wlog));
             simulate(data, cap, |src, dst| {
-                reference(
-                    src,
-                    dst,
-                    &mut scratch,
-                    &mut trials,
-                    &mut last,
-                    slack,
-                    |p, out| {
-                        let r = c.compress2(out, p).ok();
-                        if r.is_none() {
-                            let _ = c.reset(zstd_safe::ResetDirective::SessionOnly);
-                        }
-                        r
-                    },
-                )
+                r.run(src, dst, |p, out| {
+                    let res = c.compress2(out, p).ok();
+                    if res.is_none() {
+                        let _ = c.reset(zstd_safe::ResetDirective::SessionOnly);
+                    }
+                    res
+                })
             })
         }
         Encoder::Deflate => {
             let lvl = libdeflater::CompressionLvl::new(spec.level).unwrap_or_default();
             let mut c = libdeflater::Compressor::new(lvl);
             simulate(data, cap, |src, dst| {
-                reference(
-                    src,
-                    dst,
-                    &mut scratch,
-                    &mut trials,
-                    &mut last,
-                    slack,
-                    |p, out| c.deflate_compress(p, out).ok().filter(|&w| w > 0),
-                )
+                r.run(src, dst, |p, out| {
+                    c.deflate_compress(p, out).ok().filter(|&w| w > 0)
+                })
             })
         }
         _ => return,
@@ -243,5 +245,5 @@ fn run_reference(spec: &CompressorSpec, data: &[u8], cap: usize, mb: f64, slack:
     } else {
         "  (reference)".to_string()
     };
-    row(&label, cap, mb, data.len(), &o, trials);
+    row(&label, cap, mb, data.len(), &o, with_hist);
 }

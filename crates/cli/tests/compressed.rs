@@ -81,6 +81,42 @@ fn zstd_matrix() {
     matrix("zstd");
 }
 
+/// DEFLATE levels 1-9 run our own fixed-output encoder (greedy, lazy and lazy2 parses,
+/// block splitting in big pclusters), levels 10-12 libdeflate with the prefix search:
+/// the kernel reads each, and the images are the same at any thread count.
+#[test]
+fn deflate_levels_and_threads() {
+    if !kernel_available("deflate_levels_and_threads") {
+        return;
+    }
+    let (fs, tree) = make_tree();
+    for (level, c) in [("1", "4096"), ("9", "1048576"), ("12", "16384")] {
+        let img = fs.path().join(format!("deflate-{level}.erofs"));
+        let z = format!("deflate,level={level}");
+        build(&tree, &img, &["-z", &z, "-C", c]);
+        {
+            let m = Mount::erofs(&img);
+            assert_same_tree(&tree, m.path());
+        }
+        if fsck_knows("deflate") {
+            fsck_erofs(&img).unwrap_or_else(|e| panic!("level {level}: fsck.erofs:\n{e}"));
+        }
+        let bytes = std::fs::read(&img).expect("read image");
+        // Threads: once, where block splitting runs too.
+        let threads: &[&str] = if level == "9" { &["1", "3"] } else { &[] };
+        for j in threads {
+            let o = fs.path().join(format!("deflate-{level}-j{j}.erofs"));
+            build(&tree, &o, &["-j", *j, "-z", &z, "-C", c]);
+            assert!(
+                std::fs::read(&o).expect("read image") == bytes,
+                "level {level}: -j {j} differs"
+            );
+            std::fs::remove_file(&o).expect("rm");
+        }
+        std::fs::remove_file(&img).expect("rm");
+    }
+}
+
 #[test]
 fn hints_defaults_fallback_and_determinism() {
     if !kernel_available("hints_defaults_fallback_and_determinism") {

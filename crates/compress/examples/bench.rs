@@ -5,10 +5,14 @@
 //!
 //! usage: cargo run --release -p ferofs-compress --example bench -- FILE
 //!        [--specs lz4,lz4hc:zstd,3] [--caps 4096,131072] [--reference] [--hist]
+//!        [--libdeflate]
 //!
 //! Columns: `trials` per pcluster, `in/full` input bytes per full pcluster, `work` input
 //! bytes fed to the codec by all trials per input byte (what the search costs, free of
 //! timing noise). `--hist` prints how many pclusters took 1, 2, ... trials.
+//!
+//! `--libdeflate` also runs libdeflate with the prefix search at each deflate level (our
+//! own encoder serves levels 1-9).
 //!
 //! `--reference` also runs a plain bisection search for zstd/deflate that stops only
 //! at a one-byte bracket or one byte of slack (what mkfs.erofs does), to compare how
@@ -20,7 +24,7 @@
 use ferofs_compress::{
     new_compressor,
     search::{TRIALS, TRIAL_BYTES},
-    CompressorSpec, Encoder,
+    CompressorSpec, Encoder, FixedOutputCompressor,
 };
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -158,6 +162,7 @@ fn main() {
         .collect();
     let with_ref = args.iter().any(|a| a == "--reference");
     let with_hist = args.iter().any(|a| a == "--hist");
+    let with_lib = args.iter().any(|a| a == "--libdeflate");
     let data = std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let mb = data.len() as f64 / 1e6;
     println!("{path}: {} bytes", data.len());
@@ -171,6 +176,20 @@ fn main() {
             let mut c = new_compressor(&spec, cap as u32).unwrap_or_else(|e| panic!("{e}"));
             let o = simulate(&data, cap, |src, dst| c.compress_destsize(src, dst));
             row(&spec.to_string(), cap, mb, data.len(), &o, with_hist);
+            if spec.encoder == Encoder::Deflate && with_lib {
+                // libdeflate at the same level with the prefix search (what levels
+                // 1-9 used before our own encoder).
+                let mut c = ferofs_compress::deflate::Deflate::libdeflate(spec.level);
+                let o = simulate(&data, cap, |src, dst| c.compress_destsize(src, dst));
+                row(
+                    &format!("libdeflate,{}", spec.level),
+                    cap,
+                    mb,
+                    data.len(),
+                    &o,
+                    with_hist,
+                );
+            }
             if with_ref {
                 run_reference(&spec, &data, cap, mb, 1, with_hist);
                 if spec.encoder == Encoder::Deflate {

@@ -1,25 +1,43 @@
-//! Raw DEFLATE (algorithm 2): libdeflate compresses (with the prefix search: libdeflate
-//! has no fixed-output mode); libdeflate inflates whole streams and miniz_oxide
-//! inflates prefixes (it can stop when the output buffer is full).
+//! Raw DEFLATE (algorithm 2). Levels 1-9 compress with our fixed-output encoder
+//! (deflate_enc.rs: one parse, cut where the pcluster is full); levels 10-12 with
+//! libdeflate's near-optimal parser and the prefix search (libdeflate has no
+//! fixed-output mode). libdeflate inflates whole streams and miniz_oxide inflates
+//! prefixes (it can stop when the output buffer is full).
 //!
-//! Window: libdeflate always uses the full 32 KiB DEFLATE window, so the config record
+//! Window: both encoders use the full 32 KiB DEFLATE window, so the config record
 //! declares windowbits 15 (what the kernel also assumes).
 
+use crate::deflate_enc::DeflateEncoder;
 use crate::search::PrefixSearch;
 use crate::{Algorithm, DecompressError, ErrorKind, FixedOutputCompressor};
 use libdeflater::{CompressionLvl, Compressor, DecompressionError, Decompressor};
 use std::cell::RefCell;
 
-pub struct Deflate {
-    c: Compressor,
-    search: PrefixSearch,
+pub enum Deflate {
+    /// Levels 1-9.
+    Own(Box<DeflateEncoder>),
+    /// Levels 10-12: libdeflate and the prefix search.
+    Lib { c: Compressor, search: PrefixSearch },
 }
+
+/// Highest level our own encoder serves.
+pub const OWN_MAX_LEVEL: i32 = 9;
 
 impl Deflate {
     /// `level` 1..=12 (validated by the spec parser; out-of-range falls back to 6).
     pub fn new(level: i32) -> Self {
+        let level = if (1..=12).contains(&level) { level } else { 6 };
+        if level <= OWN_MAX_LEVEL {
+            return Deflate::Own(Box::new(DeflateEncoder::new(level)));
+        }
+        Self::libdeflate(level)
+    }
+
+    /// libdeflate at `level` with the prefix search, whatever the level (the
+    /// benchmark example compares the two encoders with it).
+    pub fn libdeflate(level: i32) -> Self {
         let lvl = CompressionLvl::new(level).unwrap_or_default();
-        Deflate {
+        Deflate::Lib {
             c: Compressor::new(lvl),
             // Up to max(16 B, cap/512) of each pcluster may stay unused: on text at
             // 4 KiB..1 MiB this costs ~0.1-0.2 % in size and saves 25-45 % of the time.
@@ -46,17 +64,27 @@ impl FixedOutputCompressor for Deflate {
     }
 
     fn begin_stream(&mut self) {
-        self.search.reset();
+        if let Deflate::Lib { search, .. } = self {
+            search.reset();
+        }
     }
 
     fn compress_destsize(&mut self, src: &[u8], dst: &mut [u8]) -> (usize, usize) {
-        let c = &mut self.c;
-        let bound = c.deflate_compress_bound(src.len());
-        self.search.run(src, dst, bound, |prefix, out| {
-            let w = c.deflate_compress(prefix, out).ok()?;
-            fix_leading_zero(&mut out[..w]);
-            Some(w)
-        })
+        match self {
+            Deflate::Own(e) => {
+                let (n, w) = e.compress(src, dst);
+                fix_leading_zero(&mut dst[..w]);
+                (n, w)
+            }
+            Deflate::Lib { c, search } => {
+                let bound = c.deflate_compress_bound(src.len());
+                search.run(src, dst, bound, |prefix, out| {
+                    let w = c.deflate_compress(prefix, out).ok()?;
+                    fix_leading_zero(&mut out[..w]);
+                    Some(w)
+                })
+            }
+        }
     }
 }
 

@@ -29,7 +29,10 @@ mod ffi;
 pub mod search;
 
 #[cfg(feature = "deflate")]
-mod deflate;
+#[doc(hidden)]
+pub mod deflate;
+#[cfg(feature = "deflate")]
+mod deflate_enc;
 #[cfg(feature = "lz4")]
 mod lz4;
 #[cfg(feature = "lzma")]

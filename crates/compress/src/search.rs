@@ -1,4 +1,6 @@
-//! Longest-prefix search for codecs without a fixed-output API (DEFLATE, Zstandard).
+//! Longest-prefix search for codecs without a fixed-output API: Zstandard, and DEFLATE
+//! at levels 10-12 (libdeflate's near-optimal parser; levels 1-9 run our own
+//! fixed-output encoder, deflate_enc.rs, which needs no search).
 //!
 //! Problem: find the largest `n` such that `size(n)`, the compressed size of `src[..n]`,
 //! is at most `cap`. `size` is nearly linear in `n` at the scale of a pcluster (slope

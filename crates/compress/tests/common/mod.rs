@@ -119,7 +119,7 @@ pub fn cfg(spec: &CompressorSpec, max_pcluster: usize) -> DecompressConfig {
 }
 
 /// Every encoder at a representative set of levels.
-pub const SPECS: [&str; 10] = [
+pub const SPECS: [&str; 11] = [
     "lz4",
     "lz4hc",
     "lz4hc,12",
@@ -127,6 +127,7 @@ pub const SPECS: [&str; 10] = [
     "lzma,0",
     "deflate,6",
     "deflate,1",
+    "deflate,12",
     "zstd,3",
     "zstd,15",
     "zstd,-5",

@@ -100,6 +100,13 @@ struct Item {
 }
 
 impl Item {
+    fn lit(b: u8) -> Item {
+        Item {
+            len: u16::from(b),
+            dist: 0,
+        }
+    }
+
     fn input_len(self) -> usize {
         if self.dist == 0 {
             1
@@ -841,20 +848,14 @@ impl DeflateEncoder {
             }
             // One parse step.
             if pos + 4 > n {
-                push!(Item {
-                    len: u16::from(src[pos]),
-                    dist: 0
-                });
+                push!(Item::lit(src[pos]));
                 pos += 1;
                 continue;
             }
             let max = (n - pos).min(MAX_MATCH);
             let (len, dist) = self.mf.find(src, pos, 2, max, p.nice, p.depth);
             if len < MIN_MATCH || (len == MIN_MATCH && dist > 8192) {
-                push!(Item {
-                    len: u16::from(src[pos]),
-                    dist: 0
-                });
+                push!(Item::lit(src[pos]));
                 pos += 1;
                 continue;
             }
@@ -869,10 +870,7 @@ impl DeflateEncoder {
                     let (nl, nd) = self.mf.find(src, next, cl - 1, max, p.nice, p.depth / 2);
                     next += 1;
                     if nl >= cl && better(nl, nd, cl, cd, 2) {
-                        push!(Item {
-                            len: u16::from(src[cp]),
-                            dist: 0
-                        });
+                        push!(Item::lit(src[cp]));
                         (cl, cd, cp) = (nl, nd, next - 1);
                         continue;
                     }
@@ -881,14 +879,8 @@ impl DeflateEncoder {
                         let (nl, nd) = self.mf.find(src, next, cl - 1, max, p.nice, p.depth / 4);
                         next += 1;
                         if nl >= cl && better(nl, nd, cl, cd, 6) {
-                            push!(Item {
-                                len: u16::from(src[cp]),
-                                dist: 0
-                            });
-                            push!(Item {
-                                len: u16::from(src[cp + 1]),
-                                dist: 0
-                            });
+                            push!(Item::lit(src[cp]));
+                            push!(Item::lit(src[cp + 1]));
                             (cl, cd, cp) = (nl, nd, next - 1);
                             continue;
                         }

@@ -30,6 +30,12 @@ impl Zstd {
             .map_err(|_| bad("bad window"))?;
         c.set_parameter(CParameter::ChecksumFlag(false))
             .map_err(|_| bad("checksum flag"))?;
+        // No content size in the frame header: EROFS knows each pcluster's decoded size
+        // from its index, and streaming decoders (the kernel's, erofs-utils', ours)
+        // do not need it. Saves 1 byte per frame for inputs of 256 B..64 KiB and 3 for
+        // longer ones (the header then has a window byte instead of a 2- or 4-byte size).
+        c.set_parameter(CParameter::ContentSizeFlag(false))
+            .map_err(|_| bad("content size flag"))?;
         Ok(Zstd {
             c,
             search: PrefixSearch::default(),

@@ -17,6 +17,8 @@ fn oneshot_size(spec: &CompressorSpec, cap: usize, data: &[u8]) -> usize {
                 .expect("level");
             c.set_parameter(zstd_safe::CParameter::WindowLog(wlog))
                 .expect("window");
+            c.set_parameter(zstd_safe::CParameter::ContentSizeFlag(false))
+                .expect("no content size");
             let mut out = vec![0u8; zstd_safe::compress_bound(data.len())];
             c.compress2(&mut out[..], data).expect("zstd")
         }
@@ -318,5 +320,21 @@ fn lz4hc_low_levels_run_as_level_3() {
     let want = pack("lz4hc,3");
     for s in ["lz4hc,1", "lz4hc,2"] {
         assert!(pack(s) == want, "{s} differs from lz4hc,3");
+    }
+}
+
+/// Zstandard frames carry no content size (EROFS knows the decoded size from the
+/// index): the frame header descriptor after the magic has Frame_Content_Size_flag 0
+/// and Single_Segment_flag 0, so a window descriptor byte follows it.
+#[test]
+fn zstd_frames_without_content_size() {
+    for cap in [4096usize, 131072] {
+        let mut c = new_compressor(&spec("zstd,3"), cap as u32).expect("compressor");
+        let input = text(cap * 8, 3);
+        let mut dst = vec![0u8; cap];
+        let (consumed, written) = c.compress_destsize(&input, &mut dst);
+        assert!(consumed > cap && written > 6, "cap {cap}");
+        assert_eq!(dst[..4], [0x28, 0xb5, 0x2f, 0xfd]);
+        assert_eq!(dst[4] & 0xE0, 0, "cap {cap}: FHD {:#04x}", dst[4]);
     }
 }

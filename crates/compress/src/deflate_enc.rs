@@ -61,6 +61,8 @@ const DIST_EXTRA: [u8; 30] = [
     0, 0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13,
     13,
 ];
+/// Extra bits after code-length symbols 16 (repeat), 17 and 18 (zero runs).
+const CL_EXTRA: [u8; NUM_CL] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 3, 7];
 /// The order in which code-length code lengths are sent (RFC 1951 §3.2.7).
 const CL_ORDER: [usize; NUM_CL] = [
     16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15,
@@ -135,6 +137,35 @@ impl Default for Freqs {
     }
 }
 
+/// What an item codes as: its literal/length symbol, its distance slot (None for a
+/// literal) and its extra bits.
+#[derive(Clone, Copy)]
+struct Syms {
+    ll: usize,
+    d: Option<usize>,
+    extra: u64,
+}
+
+impl Freqs {
+    #[inline]
+    fn add(&mut self, s: Syms) {
+        self.ll[s.ll] += 1;
+        if let Some(d) = s.d {
+            self.d[d] += 1;
+        }
+        self.extra += s.extra;
+    }
+
+    #[inline]
+    fn sub(&mut self, s: Syms) {
+        self.ll[s.ll] -= 1;
+        if let Some(d) = s.d {
+            self.d[d] -= 1;
+        }
+        self.extra -= s.extra;
+    }
+}
+
 struct Tables {
     len_slot: [u8; MAX_MATCH + 1],
     /// Distance slot of `d - 1` for `d - 1 < 256`, then of `(d - 1) >> 7` + 256.
@@ -180,30 +211,37 @@ impl Tables {
         }
     }
 
+    /// Length slot (symbol - 257) of a match.
     #[inline]
-    fn count(&self, f: &mut Freqs, it: Item) {
-        if it.dist == 0 {
-            f.ll[usize::from(it.len)] += 1;
-        } else {
-            let ls = usize::from(self.len_slot[usize::from(it.len)]);
-            let ds = self.dslot(usize::from(it.dist));
-            f.ll[257 + ls] += 1;
-            f.d[ds] += 1;
-            f.extra += u64::from(LEN_EXTRA[ls]) + u64::from(DIST_EXTRA[ds]);
-        }
+    fn lslot(&self, len: u16) -> usize {
+        usize::from(self.len_slot[usize::from(len)])
     }
 
     #[inline]
-    fn uncount(&self, f: &mut Freqs, it: Item) {
+    fn syms(&self, it: Item) -> Syms {
         if it.dist == 0 {
-            f.ll[usize::from(it.len)] -= 1;
-        } else {
-            let ls = usize::from(self.len_slot[usize::from(it.len)]);
-            let ds = self.dslot(usize::from(it.dist));
-            f.ll[257 + ls] -= 1;
-            f.d[ds] -= 1;
-            f.extra -= u64::from(LEN_EXTRA[ls]) + u64::from(DIST_EXTRA[ds]);
+            return Syms {
+                ll: usize::from(it.len),
+                d: None,
+                extra: 0,
+            };
         }
+        let ls = self.lslot(it.len);
+        let ds = self.dslot(usize::from(it.dist));
+        Syms {
+            ll: 257 + ls,
+            d: Some(ds),
+            extra: u64::from(LEN_EXTRA[ls]) + u64::from(DIST_EXTRA[ds]),
+        }
+    }
+
+    /// Counts of `items`.
+    fn freqs(&self, items: &[Item]) -> Freqs {
+        let mut f = Freqs::default();
+        for &it in items {
+            f.add(self.syms(it));
+        }
+        f
     }
 }
 
@@ -452,13 +490,7 @@ impl Plan {
         );
         let mut bits: u64 = 3 + 5 + 5 + 4 + 3 * self.hclen as u64;
         for (s, &n) in cl_freq.iter().enumerate() {
-            let extra = match s {
-                16 => 2,
-                17 => 3,
-                18 => 7,
-                _ => 0,
-            };
-            bits += u64::from(n) * (u64::from(self.cl_lens[s]) + extra);
+            bits += u64::from(n) * (u64::from(self.cl_lens[s]) + u64::from(CL_EXTRA[s]));
         }
         for (s, &n) in ll.iter().enumerate() {
             bits += u64::from(n) * u64::from(self.ll_lens[s]);
@@ -504,13 +536,15 @@ impl BitWriter {
 }
 
 /// Hash-chain match finder over one call's input. Positions are stored as
-/// `pos + base`; `base` grows from call to call so entries of earlier calls read as
-/// stale (below `base`) without clearing the tables.
+/// `pos + base`; `base` moves past the previous call's positions at each call, so
+/// entries of earlier calls read as stale (below `base`) without clearing the tables.
 struct MatchFinder {
     head4: Vec<u32>,
     head3: Vec<u32>,
     prev: Vec<u32>,
     base: u32,
+    /// Length of the current call's input (its positions are `base..base + len`).
+    len: u32,
 }
 
 #[inline]
@@ -552,24 +586,22 @@ impl MatchFinder {
             head3: vec![0; 1 << HASH3_BITS],
             prev: vec![0; WINDOW],
             base: 1,
+            len: 0,
         }
     }
 
-    /// Start on a new input of `len` bytes.
-    fn reset(&mut self, len: usize) {
-        let next = u64::from(self.base) + WINDOW as u64 + len as u64 + 1;
-        if next >= u64::from(u32::MAX) - (WINDOW as u64) {
+    /// Start on a new input of `len` bytes (`len < 2^31`, checked by the caller).
+    fn begin(&mut self, len: u32) {
+        // Everything stored so far is below the new base; 0 stays "empty".
+        let base = u64::from(self.base) + u64::from(self.len);
+        if base + u64::from(len) > u64::from(u32::MAX) {
             self.head4.iter_mut().for_each(|v| *v = 0);
             self.head3.iter_mut().for_each(|v| *v = 0);
             self.base = 1;
+        } else {
+            self.base = base as u32;
         }
-        // Everything stored so far is below the new base.
-        self.base = (u64::from(self.base) + WINDOW as u64 + 1).min(u64::from(u32::MAX)) as u32;
-    }
-
-    /// After a call over `len` bytes: move the base past its positions.
-    fn done(&mut self, len: usize) {
-        self.base = self.base.saturating_add(len as u32);
+        self.len = len;
     }
 
     #[inline]
@@ -593,7 +625,8 @@ impl MatchFinder {
     }
 
     /// Longest match at `p` longer than `best` (at most `max` long), inserting `p`.
-    /// Needs `p + 4 <= s.len()`. Returns (len, dist); len 0 if none.
+    /// Needs `p + 4 <= s.len()` and `4 <= max <= s.len() - p`. Returns (len, dist);
+    /// len 0 if none.
     #[inline]
     fn find(
         &mut self,
@@ -613,12 +646,7 @@ impl MatchFinder {
         self.head3[i3] = tag;
         if best_len < 3 && c3 >= base {
             let c = (c3 - base) as usize;
-            if p - c <= WINDOW
-                && max >= 3
-                && s[c] == s[p]
-                && s[c + 1] == s[p + 1]
-                && s[c + 2] == s[p + 2]
-            {
+            if p - c <= WINDOW && s[c] == s[p] && s[c + 1] == s[p + 1] && s[c + 2] == s[p + 2] {
                 best_len = 3;
                 best_dist = p - c;
             }
@@ -627,13 +655,6 @@ impl MatchFinder {
         let mut cand = self.head4[h];
         self.prev[p & WMASK] = cand;
         self.head4[h] = tag;
-        if max < 4 {
-            return if best_dist != 0 {
-                (best_len, best_dist)
-            } else {
-                (0, 0)
-            };
-        }
         let nice = nice.min(max);
         let mut depth = depth;
         // Chain links lead to ever older positions; a link that does not (a slot
@@ -666,14 +687,6 @@ impl MatchFinder {
             (0, 0)
         }
     }
-}
-
-/// Where the current parse stands against the budget.
-struct Cut {
-    /// Items (from the block start) known to fit.
-    fit_items: usize,
-    /// Estimated size when the next exact costing is due.
-    check_at: u64,
 }
 
 /// The encoder. Reusable across calls; holds no state that changes the output
@@ -723,30 +736,22 @@ impl DeflateEncoder {
     }
 
     #[inline]
-    fn price(&self, it: Item) -> u64 {
-        if it.dist == 0 {
-            u64::from(self.price_ll[usize::from(it.len)])
-        } else {
-            let ls = usize::from(self.t.len_slot[usize::from(it.len)]);
-            let ds = self.t.dslot(usize::from(it.dist));
-            u64::from(self.price_ll[257 + ls])
-                + u64::from(LEN_EXTRA[ls])
-                + u64::from(self.price_d[ds])
-                + u64::from(DIST_EXTRA[ds])
-        }
+    fn price(&self, s: Syms) -> u64 {
+        u64::from(self.price_ll[s.ll]) + s.d.map_or(0, |d| u64::from(self.price_d[d])) + s.extra
     }
 
     /// Compress the longest prefix of `src` whose stream fits in `dst`; see
     /// [`crate::FixedOutputCompressor::compress_destsize`]. Returns (consumed, written).
     pub fn compress(&mut self, src: &[u8], dst: &mut [u8]) -> (usize, usize) {
-        if src.is_empty() || dst.is_empty() || src.len() > u32::MAX as usize / 2 {
+        let Some(len) = u32::try_from(src.len()).ok().filter(|&l| l < 1 << 31) else {
+            return (0, 0);
+        };
+        if src.is_empty() || dst.is_empty() {
             return (0, 0);
         }
         let budget = dst.len() as u64 * 8;
-        self.mf.reset(src.len());
-        let r = self.parse_and_cut(src, budget);
-        self.mf.done(src.len());
-        let Some((blocks, consumed)) = r else {
+        self.mf.begin(len);
+        let Some((blocks, consumed)) = self.parse_and_cut(src, budget) else {
             return (0, 0);
         };
         // Same contract as the prefix search: a prefix that is not longer than the
@@ -781,11 +786,10 @@ impl DeflateEncoder {
         let mut seg_start = 0usize;
         let mut a_bits: u64 = 0; // cost of the open block up to seg_start
         let mut est: u64 = 0; // estimated size of the stream so far
-        let margin = (budget / 16).max(256);
-        let mut cut = Cut {
-            fit_items: 0,
-            check_at: budget.saturating_sub(margin),
-        };
+                              // Items (from the block start) known to fit, and the estimated size at which
+                              // the next exact costing is due.
+        let mut fit_items = 0usize;
+        let mut check_at = budget.saturating_sub((budget / 16).max(256));
         let mut pos = 0usize;
         // Whether the parse stopped because the budget is exhausted.
         let mut over = false;
@@ -794,25 +798,26 @@ impl DeflateEncoder {
             ($it:expr) => {{
                 let it: Item = $it;
                 self.items.push(it);
-                self.t.count(&mut bf, it);
+                let syms = self.t.syms(it);
+                bf.add(syms);
                 if split {
-                    self.t.count(&mut sf, it);
+                    sf.add(syms);
                 }
-                est += self.price(it);
+                est += self.price(syms);
             }};
         }
 
         while pos < n {
             // Exact costing when the estimate says the pcluster is nearly full.
-            if est >= cut.check_at {
+            if est >= check_at {
                 let k = self.items.len() - block_start;
                 let bits = committed + self.plan.make(&bf);
                 self.take_prices();
                 if bits <= budget {
-                    cut.fit_items = k;
+                    fit_items = k;
                     est = bits;
                     let slack = budget - bits;
-                    cut.check_at = if slack >= 64 {
+                    check_at = if slack >= 64 {
                         budget - slack / 4
                     } else {
                         budget + 1
@@ -833,7 +838,7 @@ impl DeflateEncoder {
                     bf = sf.clone();
                     a_bits = s_bits;
                     // Known-fitting prefix is relative to the block start.
-                    cut.fit_items = 0;
+                    fit_items = 0;
                     est = committed + s_bits;
                 } else {
                     a_bits = as_bits;
@@ -874,7 +879,7 @@ impl DeflateEncoder {
                         (cl, cd, cp) = (nl, nd, next - 1);
                         continue;
                     }
-                    if p.lazy > 1 && next + 4 <= n && cl > 2 {
+                    if p.lazy > 1 && next + 4 <= n {
                         let max = (n - next).min(MAX_MATCH);
                         let (nl, nd) = self.mf.find(src, next, cl - 1, max, p.nice, p.depth / 4);
                         next += 1;
@@ -912,7 +917,7 @@ impl DeflateEncoder {
         }
         // Bisect (fit_items, open_len] for the longest fitting item prefix of the open
         // block: counts at `hi` are `bf`; walk them down to each probe.
-        let (mut lo, mut hi) = (cut.fit_items, open_len);
+        let (mut lo, mut hi) = (fit_items, open_len);
         let mut f = bf;
         let mut f_at = hi;
         let mut bound = 64;
@@ -921,10 +926,10 @@ impl DeflateEncoder {
             let mid = lo + (hi - lo) / 2;
             while f_at > mid {
                 f_at -= 1;
-                self.t.uncount(&mut f, self.items[block_start + f_at]);
+                f.sub(self.t.syms(self.items[block_start + f_at]));
             }
             while f_at < mid {
-                self.t.count(&mut f, self.items[block_start + f_at]);
+                f.add(self.t.syms(self.items[block_start + f_at]));
                 f_at += 1;
             }
             if committed + self.plan.make(&f) <= budget {
@@ -953,10 +958,7 @@ impl DeflateEncoder {
         let mut d_codes = [0u16; NUM_D];
         let mut cl_codes = [0u16; NUM_CL];
         for (bi, &(a, b)) in blocks.iter().enumerate() {
-            let mut f = Freqs::default();
-            for &it in &self.items[a..b] {
-                self.t.count(&mut f, it);
-            }
+            let f = self.t.freqs(&self.items[a..b]);
             let _planned = self.plan.make(&f);
             let start_bits = self.w.bits();
             let last = bi + 1 == blocks.len();
@@ -976,12 +978,7 @@ impl DeflateEncoder {
             for &(s, x) in &plan.rle {
                 let s = usize::from(s);
                 w.put(u32::from(cl_codes[s]), u32::from(plan.cl_lens[s]));
-                match s {
-                    16 => w.put(u32::from(x), 2),
-                    17 => w.put(u32::from(x), 3),
-                    18 => w.put(u32::from(x), 7),
-                    _ => {}
-                }
+                w.put(u32::from(x), u32::from(CL_EXTRA[s]));
             }
             for &it in &self.items[a..b] {
                 if it.dist == 0 {
@@ -989,7 +986,7 @@ impl DeflateEncoder {
                     w.put(u32::from(ll_codes[s]), u32::from(plan.ll_lens[s]));
                 } else {
                     let l = usize::from(it.len);
-                    let ls = usize::from(self.t.len_slot[l]);
+                    let ls = self.t.lslot(it.len);
                     w.put(
                         u32::from(ll_codes[257 + ls]),
                         u32::from(plan.ll_lens[257 + ls]),
@@ -1212,10 +1209,7 @@ mod tests {
         assert_eq!(n, input.len());
         assert!(inflate(&dst[..w], n) == input);
         // Versus one block for everything.
-        let mut f = Freqs::default();
-        for &it in &e.items {
-            e.t.count(&mut f, it);
-        }
+        let f = e.t.freqs(&e.items);
         let one = e.plan.make(&f).div_ceil(8) as usize;
         assert!(w + 1000 < one, "split {w} B, one block {one} B");
     }

@@ -11,6 +11,7 @@
 use crate::data::{data_segments, DataWriter, FileData};
 use crate::options::*;
 use crate::out::Out;
+use ferofs_compress::probe::{Probe, CHUNK};
 use ferofs_compress::{new_compressor, CompressorSpec, FixedOutputCompressor};
 use ferofs_format::zindex::{ExtentDesc, HeadKind};
 use rayon::prelude::*;
@@ -175,9 +176,12 @@ pub fn policy(c: &Compression, rel: &[u8]) -> (usize, u32) {
     (0, c.pcluster_size)
 }
 
+/// A worker's codec for one (algorithm, pcluster size), with its probe.
+type Codecs = HashMap<(usize, u32), (Box<dyn FixedOutputCompressor>, Probe)>;
+
 fn compress_segment(
     job: &Job,
-    comps: &mut HashMap<(usize, u32), Box<dyn FixedOutputCompressor>>,
+    comps: &mut Codecs,
     dst: &mut Vec<u8>,
     c: &Compression,
     bs: u64,
@@ -205,9 +209,10 @@ fn compress_segment(
         let spec = &c.algorithms[job.alg];
         let comp = new_compressor(spec, c.max_pcluster())
             .map_err(|e| BuildError::Options(e.to_string()))?;
-        e.insert(comp);
+        let probe = Probe::new(comp.algorithm());
+        e.insert((comp, probe));
     }
-    let comp = comps
+    let (comp, probe) = comps
         .get_mut(&key)
         .ok_or_else(|| BuildError::Options("internal: compressor".into()))?;
     // Each segment starts from the same compressor state, whichever worker ran what
@@ -220,6 +225,17 @@ fn compress_segment(
     let dst = &mut dst[..job.pcluster as usize];
     let mut pieces = Vec::new();
     let mut pos = 0usize;
+    let bsz = bs as usize;
+    // `n` bytes from `pos` stored as they are, one block a piece.
+    let plain = |pieces: &mut Vec<Piece>, pos: usize, n: usize| {
+        for at in (pos..pos + n).step_by(bsz) {
+            pieces.push(Piece {
+                lstart: job.start + at as u64,
+                bytes: data[at..(at + bsz).min(pos + n)].to_vec(),
+                plain: true,
+            });
+        }
+    };
     // At the end of a file, at most one block left takes one block compressed or not
     // (unless the compressed tail goes inline): store it as is, without compressing it
     // (as mkfs.erofs does).
@@ -234,8 +250,25 @@ fn compress_segment(
                 bytes: data[pos..].to_vec(),
                 plain: true,
             });
-            fed = pos as u64;
+            fed -= (len - pos) as u64;
             break;
+        }
+        // Data that clearly does not compress (random bytes, archives, media) is stored
+        // as it is without asking the codec (see ferofs_compress::probe): all of a run
+        // of it but the last pcluster, which the codec still sees with what follows
+        // (that may repeat the run, as tables in binaries do). A run that reaches the
+        // end of the segment is stored whole.
+        let run = probe.incompressible_prefix(&data[pos..], len - pos);
+        let skip = if pos + run + CHUNK > len {
+            run
+        } else {
+            run.saturating_sub(job.pcluster as usize) / bsz * bsz
+        };
+        if skip > 0 {
+            plain(&mut pieces, pos, skip);
+            pos += skip;
+            fed -= skip as u64;
+            continue;
         }
         let src = &data[pos..len.min(pos + MAX_EXTENT_INPUT)];
         let (consumed, written) = comp.compress_destsize(src, dst);
@@ -248,13 +281,14 @@ fn compress_segment(
             });
             pos += consumed;
         } else {
-            // No gain: one uncompressed block.
-            let n = (bs as usize).min(len - pos);
-            pieces.push(Piece {
-                lstart: job.start + pos as u64,
-                bytes: data[pos..pos + n].to_vec(),
-                plain: true,
-            });
+            // No gain over the pcluster the codec examined: store that stretch as it
+            // is (up to a chunk that clearly compresses), not one block and then the
+            // same search again from the next block.
+            let reach = (job.pcluster as usize).min(len - pos);
+            let n = probe
+                .until_compressible(&data[pos..], reach)
+                .max(bsz.min(len - pos));
+            plain(&mut pieces, pos, n);
             pos += n;
         }
     }

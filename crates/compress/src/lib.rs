@@ -25,6 +25,7 @@
 //! `ffi` (liblz4 and liblzma calls). One cargo feature per algorithm, all default.
 
 mod ffi;
+pub mod probe;
 #[doc(hidden)]
 pub mod search;
 

@@ -9,9 +9,10 @@
 //! examined instead of one block at a time.
 //!
 //! What it measures, per 4 KiB chunk:
-//! - **repeats**: bytes covered by verified matches of at least 4 bytes against the
-//!   chunk itself and the chunks before it in the same call (a 4096-entry hash table of
-//!   last positions). LZ77 codecs gain only from repeats.
+//! - **repeats**: bytes covered by verified matches against the chunk itself and the
+//!   chunks before it in the same call (a 4096-entry hash table of every position, looked
+//!   up at every 4th: every repeat of 7 bytes or more is found). LZ77
+//!   codecs gain only from repeats.
 //! - **order-0 entropy**: what an ideal order-0 entropy coder would save (from the byte
 //!   histogram, `n*8 - sum c*log2(n/c)` bits). DEFLATE, Zstandard and LZMA gain from a
 //!   skewed byte distribution too; LZ4 does not.
@@ -46,9 +47,10 @@ pub enum Verdict {
 
 /// Reusable probe state (a hash table; no allocation per call).
 pub struct Probe {
-    /// Positions stored as `pos + base + 1` (0: empty); entries `<= base` are from
-    /// earlier calls and count as empty, so the table is never cleared.
-    table: Vec<u32>,
+    /// (position, the 4 bytes there): positions stored as `pos + base + 1` (0: empty);
+    /// entries `<= base` are from earlier calls and count as empty, so the table is
+    /// never cleared. The bytes let a lookup reject a miss without touching the data.
+    table: Vec<(u32, u32)>,
     base: u32,
     entropy_coded: bool,
 }
@@ -57,7 +59,7 @@ impl Probe {
     /// A probe for data that `alg` will compress (LZ4 gains from repeats only).
     pub fn new(alg: Algorithm) -> Self {
         Probe {
-            table: vec![0; 1 << HASH_BITS],
+            table: vec![(0, 0); 1 << HASH_BITS],
             base: 0,
             entropy_coded: alg != Algorithm::Lz4,
         }
@@ -89,13 +91,13 @@ impl Probe {
             .and_then(|v| v.checked_add(2))
             .is_none()
         {
-            self.table.fill(0);
+            self.table.fill((0, 0));
             self.base = 0;
         }
         let mut done = 0;
         // Bounded: each pass consumes one chunk.
         while done + CHUNK <= len {
-            let v = self.judge(data, done, done + CHUNK);
+            let v = self.judge(data, done, done + CHUNK, want);
             let keep = match want {
                 Verdict::Incompressible => v == Verdict::Incompressible,
                 _ => v != Verdict::Compressible,
@@ -110,56 +112,94 @@ impl Probe {
     }
 
     /// The verdict on `data[start..end]`, with `data[..start]` as history for repeats.
-    fn judge(&mut self, data: &[u8], start: usize, end: usize) -> Verdict {
+    /// When only `Incompressible` matters (`want`), a skewed chunk is `Unclear` at once.
+    fn judge(&mut self, data: &[u8], start: usize, end: usize, want: Verdict) -> Verdict {
         let n = end - start;
-        let clear_repeats = n / 16;
-        let few_repeats = n / 256;
-        // Repeats first: text and most binaries end the scan within a few hundred bytes.
-        let mut matched = 0usize;
-        let mut i = start;
-        let last = end.saturating_sub(MIN_MATCH);
-        let base = self.base;
-        // Bounded: `i` grows every pass.
-        while i <= last && end - start >= MIN_MATCH {
-            let word = u32::from_le_bytes([data[i], data[i + 1], data[i + 2], data[i + 3]]);
-            let h = (word.wrapping_mul(0x9E37_79B1) >> (32 - HASH_BITS)) as usize;
-            let prev = self.table[h];
-            // `i` < 2^30 (see `run`), so the sum fits.
-            self.table[h] = base + i as u32 + 1;
-            if prev > base {
-                let p = (prev - base - 1) as usize;
-                if data[p..p + MIN_MATCH] == data[i..i + MIN_MATCH] {
-                    let mut l = MIN_MATCH;
-                    while i + l < end && data[p + l] == data[i + l] {
-                        l += 1;
-                    }
-                    matched += l;
-                    if matched >= clear_repeats {
-                        return Verdict::Compressible;
-                    }
-                    i += l;
-                    continue;
-                }
-            }
-            i += 1;
-        }
-        // A skewed byte distribution also marks structured data (tables, encodings)
-        // in which LZ4 finds matches the probe's 4-byte hash misses, so it keeps any
-        // codec from the shortcut; only entropy coders count it as compressible.
+        // Order-0 first: a histogram costs far less than the repeat scan.
         let entropy_saving = order0_saving(&data[start..end]);
         if self.entropy_coded && entropy_saving >= n / 16 {
             return Verdict::Compressible;
         }
-        if matched <= few_repeats && entropy_saving <= n / 128 {
+        // A skewed byte distribution also marks structured data (tables, encodings)
+        // in which LZ4 finds matches the probe's sampled hash misses, so it keeps any
+        // codec from the shortcut; only entropy coders count it as compressible.
+        if entropy_saving > n / 96 && want == Verdict::Incompressible {
+            return Verdict::Unclear;
+        }
+        let matched = self.repeats(data, start, end, n / 16);
+        if matched >= n / 16 {
+            Verdict::Compressible
+        } else if matched <= n / 256 && entropy_saving <= n / 96 {
             Verdict::Incompressible
         } else {
             Verdict::Unclear
         }
     }
+
+    /// Bytes of `data[start..end]` covered by verified repeats (stops counting at
+    /// `enough`). Every position is remembered and every 4th looked up, so every repeat
+    /// of at least 7 bytes is found (and some shorter ones); one 8-byte load serves four
+    /// positions.
+    fn repeats(&mut self, data: &[u8], start: usize, end: usize, enough: usize) -> usize {
+        let mask = (1usize << HASH_BITS) - 1;
+        let hash = |w: u32| ((w.wrapping_mul(0x9E37_79B1) >> (32 - HASH_BITS)) as usize) & mask;
+        let base = self.base;
+        let mut matched = 0usize;
+        let mut i = start;
+        // Bounded: `i` grows by at least 4 every pass.
+        while i + 8 <= end {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(&data[i..i + 8]);
+            let w = u64::from_le_bytes(word);
+            // Look up position `i`, then remember `i..i + 4`.
+            let v = w as u32;
+            let (prev, seen) = self.table[hash(v)];
+            let hit = (prev > base && seen == v).then(|| ((prev - base - 1) as usize, i));
+            for k in 0..4u32 {
+                let v = (w >> (8 * k)) as u32;
+                // `i` < 2^30 (see `run`), so the sum fits.
+                self.table[hash(v)] = (base + i as u32 + k + 1, v);
+            }
+            match hit {
+                Some((p, q)) => {
+                    let mut l = MIN_MATCH;
+                    while q + l < end && data[p + l] == data[q + l] {
+                        l += 1;
+                    }
+                    matched += l;
+                    if matched >= enough {
+                        return matched;
+                    }
+                    i = q + l;
+                }
+                None => i += 4,
+            }
+        }
+        matched
+    }
+}
+
+/// `c * log2(c)` for every count a chunk can hold.
+fn clogc() -> &'static [f64] {
+    static T: std::sync::OnceLock<Vec<f64>> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        (0..=CHUNK)
+            .map(|c| {
+                if c == 0 {
+                    0.0
+                } else {
+                    c as f64 * (c as f64).log2()
+                }
+            })
+            .collect()
+    })
 }
 
 /// Bytes an ideal order-0 coder saves on `chunk` (rounded down).
 fn order0_saving(chunk: &[u8]) -> usize {
+    if chunk.is_empty() {
+        return 0;
+    }
     // Four interleaved histograms break the store-to-load dependency on repeated bytes.
     let mut h = [[0u32; 256]; 4];
     let mut quads = chunk.chunks_exact(4);
@@ -173,16 +213,17 @@ fn order0_saving(chunk: &[u8]) -> usize {
         h[0][usize::from(b)] += 1;
     }
     let n = chunk.len() as f64;
-    if chunk.is_empty() {
-        return 0;
-    }
-    let mut bits = 0.0f64;
+    let t = clogc();
+    // sum c*log2(n/c) = n*log2(n) - sum c*log2(c)
+    let mut sum = 0.0f64;
     for (((a, b), c), d) in h[0].iter().zip(&h[1]).zip(&h[2]).zip(&h[3]) {
-        let c = f64::from(a + b + c + d);
-        if c > 0.0 {
-            bits += c * (n / c).log2();
-        }
+        let c = (a + b + c + d) as usize;
+        sum += t
+            .get(c)
+            .copied()
+            .unwrap_or_else(|| c as f64 * (c as f64).log2());
     }
+    let bits = n * n.log2() - sum;
     let saved = n - bits / 8.0;
     if saved > 0.0 {
         saved as usize

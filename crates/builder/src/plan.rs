@@ -150,7 +150,8 @@ pub fn plan(tree: &Tree, build_time: i64, o: &BuildOptions) -> Result<Plan> {
         cfg,
         inline_data: o.inline_data,
     };
-    // Inline decision for directories and symlinks (always allowed, like mkfs).
+    // Directories and symlinks: the last partial block goes inline whenever it fits
+    // (regardless of -E noinline_data, like mkfs).
     p.content_inline = tree
         .nodes
         .iter()
@@ -163,4 +164,97 @@ pub fn plan(tree: &Tree, build_time: i64, o: &BuildOptions) -> Result<Plan> {
         })
         .collect();
     Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scan::Node;
+
+    fn node(kind: Kind, mtime: i64) -> Node {
+        Node {
+            kind,
+            mode: 0o40755,
+            uid: 0,
+            gid: 0,
+            mtime,
+            mtime_nsec: 0,
+            nlink: 1,
+            xattrs: Vec::new(),
+            rel: Vec::new(),
+        }
+    }
+
+    /// A root holding a file, a short and a 4095-byte symlink; the file is older.
+    fn tree() -> Tree {
+        let root = Kind::Dir {
+            entries: vec![
+                (b"f".to_vec(), 1),
+                (b"long".to_vec(), 3),
+                (b"s".to_vec(), 2),
+            ],
+            parent: 0,
+        };
+        let file = Kind::File {
+            path: "/nonexistent".into(),
+            size: 5000,
+        };
+        Tree {
+            nodes: vec![
+                node(root, 100),
+                node(file, 50),
+                node(
+                    Kind::Symlink {
+                        target: b"target".to_vec(),
+                    },
+                    100,
+                ),
+                node(
+                    Kind::Symlink {
+                        target: vec![b'x'; 4095],
+                    },
+                    100,
+                ),
+            ],
+            root: 0,
+        }
+    }
+
+    #[test]
+    fn versions_sizes_and_inline_decisions() -> Result<()> {
+        let mut t = tree();
+        let o = BuildOptions::default();
+        let build_time = apply_time_policy(&mut t, &o);
+        assert_eq!(build_time, 100);
+        let p = plan(&t, build_time, &o)?;
+        // Only the older file needs an extended inode (its mtime is not the build time).
+        assert_eq!(p.extended, [false, true, false, false]);
+        assert_eq!(p.fixed_meta(1), 64);
+        // ".", "..", "f", "long", "s": 5 dirents of 12 bytes and 1+2+1+4+1 name bytes.
+        assert_eq!(p.sizes, [69, 5000, 6, 4095]);
+        // The file's 904-byte tail fits behind its 64-byte inode; the 4095-byte target
+        // does not fit behind a 32-byte one.
+        assert!(p.inline_tail(1, 5000));
+        assert_eq!(p.content_inline, [true, false, true, false]);
+        assert_eq!(p.first_blk, 1);
+        let no_inline = BuildOptions {
+            inline_data: false,
+            ..o
+        };
+        assert!(!plan(&t, build_time, &no_inline)?.inline_tail(1, 5000));
+        Ok(())
+    }
+
+    #[test]
+    fn ignore_mtime_makes_every_inode_compact() -> Result<()> {
+        let mut t = tree();
+        let o = BuildOptions {
+            ignore_mtime: true,
+            ..BuildOptions::default()
+        };
+        let build_time = apply_time_policy(&mut t, &o);
+        let p = plan(&t, build_time, &o)?;
+        assert_eq!(p.extended, [false; 4]);
+        Ok(())
+    }
 }

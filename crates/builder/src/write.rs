@@ -5,7 +5,7 @@
 
 use crate::blobs::Blobs;
 use crate::layout::Layout;
-use crate::nids::MetaLayout;
+use crate::nids::{self, MetaLayout};
 use crate::options::*;
 use crate::out::Out;
 use crate::plan::Plan;
@@ -39,8 +39,15 @@ pub fn write_image(
     let mut block0 = vec![0u8; (plan.first_blk * bs) as usize];
     let mut region = vec![0u8; (meta.blocks * bs) as usize];
     for (id, nd) in tree.nodes.iter().enumerate() {
-        let rec = record::encode(plan, id, nd, &layouts[id], meta.pos[id], big_pcluster)?;
         let p = meta.pos[id];
+        let rec = record::encode(plan, id, nd, &layouts[id], p, big_pcluster)?;
+        // The packer reserved the shape's length: a longer record would overwrite the
+        // next one.
+        if rec.len() as u64 != nids::record(plan, id, &layouts[id]).shape.len(p) {
+            return Err(BuildError::Options(format!(
+                "internal: inode {id}'s record is not as long as planned"
+            )));
+        }
         let dst = if p < meta.base * bs {
             &mut block0[p as usize..p as usize + rec.len()]
         } else {

@@ -1,6 +1,7 @@
-//! Stage 2, data: regular-file contents go to the data region, file by file in inode
-//! order, block aligned, streamed (a file is never held in memory whole). Holes found
-//! with SEEK_DATA/SEEK_HOLE become null chunks of a chunk-based layout.
+//! Uncompressed file data (for stage 3, `place`): regular-file contents go to the data
+//! region, file by file in inode order, block aligned, streamed (a file is never held
+//! in memory whole). Holes found with SEEK_DATA/SEEK_HOLE become null chunks of a
+//! chunk-based layout.
 
 use crate::options::*;
 use crate::out::Out;

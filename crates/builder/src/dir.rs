@@ -1,10 +1,59 @@
 //! Directory contents: entries ("." and ".." included) sorted bytewise, packed greedily
-//! into blocks (an entry never spans blocks), names after the dirent array.
+//! into blocks (an entry never spans blocks), names after the dirent array. Planned
+//! before the nids are known ([`plan`]), encoded once they are ([`DirPlan::encode`]).
 
-use ferofs_format::dirent::{Dirent, DIRENT_SIZE};
+use crate::scan::{InodeId, Kind, Tree};
+use ferofs_format::dirent::{file_type_of_mode, Dirent, DIRENT_SIZE, FT_DIR};
 
 /// Entries of one directory: (name, target inode id, file type).
 pub type DirEntries = Vec<(Vec<u8>, usize, u8)>;
+
+/// A directory's content, known before the nids: its sorted entries, their split into
+/// blocks and its size.
+#[derive(Debug, Clone)]
+pub struct DirPlan {
+    pub entries: DirEntries,
+    pub blocks: Vec<std::ops::Range<usize>>,
+    pub size: u64,
+}
+
+/// The content of directory `id` of `tree` (None when `id` is not a directory).
+pub fn plan(tree: &Tree, id: InodeId, blksz: usize) -> Option<DirPlan> {
+    let Kind::Dir { entries, parent } = &tree.nodes[id].kind else {
+        return None;
+    };
+    let parent = if id == tree.root { id } else { *parent };
+    let mut es: DirEntries = vec![
+        (b".".to_vec(), id, FT_DIR),
+        (b"..".to_vec(), parent, FT_DIR),
+    ];
+    for (name, c) in entries {
+        es.push((name.clone(), *c, file_type_of_mode(tree.nodes[*c].mode)));
+    }
+    es.sort_by(|a, b| a.0.cmp(&b.0));
+    let (blocks, size) = layout(&es, blksz);
+    Some(DirPlan {
+        entries: es,
+        blocks,
+        size,
+    })
+}
+
+impl DirPlan {
+    /// The directory's bytes once every nid is known: full blocks zero-padded, the last
+    /// one only as long as its entries.
+    pub fn encode(&self, blksz: usize, nid_of: &dyn Fn(usize) -> u64) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.size as usize);
+        for (i, r) in self.blocks.iter().enumerate() {
+            let mut b = encode_block(&self.entries[r.clone()], nid_of);
+            if i + 1 < self.blocks.len() {
+                b.resize(blksz, 0);
+            }
+            v.extend_from_slice(&b);
+        }
+        v
+    }
+}
 
 /// Split sorted entries into blocks; returns the index ranges and the directory size.
 pub fn layout(entries: &DirEntries, blksz: usize) -> (Vec<std::ops::Range<usize>>, u64) {

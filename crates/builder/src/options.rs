@@ -66,6 +66,50 @@ impl Default for BuildOptions {
     }
 }
 
+impl BuildOptions {
+    /// Reject options no image can be built with (before anything is read or written).
+    pub(crate) fn check(&self) -> Result<()> {
+        let o = self;
+        if !(512..=4096).contains(&o.block_size) || !o.block_size.is_power_of_two() {
+            return Err(BuildError::Options(format!(
+                "block size {} (512, 1024, 2048 or 4096)",
+                o.block_size
+            )));
+        }
+        if let Some(l) = &o.label {
+            if l.len() > 15 {
+                return Err(BuildError::Options("label longer than 15 bytes".into()));
+            }
+        }
+        if let Some(c) = &o.compression {
+            if c.algorithms.is_empty() {
+                return Err(BuildError::Options("no compression algorithm".into()));
+            }
+            let sizes =
+                std::iter::once(c.pcluster_size).chain(c.hints.iter().map(|h| h.pcluster_size));
+            for p in sizes {
+                if p == 0 || p % o.block_size != 0 || p > 1 << 20 || p / o.block_size > 2047 {
+                    return Err(BuildError::Options(format!(
+                        "pcluster size {p}: a multiple of the block size ({}), at most 1 MiB and 2047 blocks",
+                        o.block_size
+                    )));
+                }
+            }
+            for h in &c.hints {
+                if h.algorithm >= c.algorithms.len() {
+                    return Err(BuildError::Options(format!(
+                        "compress hint {:?} uses algorithm index {} but only {} algorithm(s) were given with -z",
+                        h.regex.as_str(),
+                        h.algorithm,
+                        c.algorithms.len()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// What went wrong, naming the source path and the stage.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {

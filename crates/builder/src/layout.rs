@@ -1,0 +1,58 @@
+//! Where an inode's data lives: the hand-off from data placement (regular files) and
+//! the directory/symlink blocks to the metadata records.
+
+use crate::data::FileData;
+use crate::zdata::{Stored, ZFile};
+
+#[derive(Debug, Clone)]
+pub enum Layout {
+    /// FLAT_PLAIN with blocks from `startblk` (or none: 0).
+    Plain { startblk: u64 },
+    /// FLAT_INLINE: full blocks from startblk (None if none), tail behind the inode.
+    Inline {
+        startblk: Option<u64>,
+        tail: Vec<u8>,
+    },
+    /// CHUNK_BASED: chunk size = block size << `chunk_rel`, block map (u32::MAX = hole).
+    Chunked { chunk_rel: u8, map: Vec<u32> },
+    /// COMPRESSED_COMPACT.
+    Compressed(ZFile),
+}
+
+impl Layout {
+    /// No data blocks (yet): empty files, and every inode that is not a regular file
+    /// until the directory/symlink blocks are placed.
+    pub const NONE: Layout = Layout::Plain { startblk: 0 };
+
+    /// A compressed file whose last pcluster is inline behind the inode.
+    pub fn inline_pcluster(&self) -> bool {
+        matches!(self, Layout::Compressed(z) if z.inline.is_some())
+    }
+}
+
+impl From<FileData> for Layout {
+    fn from(d: FileData) -> Self {
+        match d {
+            FileData::Empty => Layout::NONE,
+            FileData::Flat {
+                startblk,
+                nblocks,
+                tail,
+            } if !tail.is_empty() => Layout::Inline {
+                startblk: (nblocks > 0).then_some(startblk),
+                tail,
+            },
+            FileData::Flat { startblk, .. } => Layout::Plain { startblk },
+            FileData::Chunked { chunk_rel, map } => Layout::Chunked { chunk_rel, map },
+        }
+    }
+}
+
+impl From<Stored> for Layout {
+    fn from(s: Stored) -> Self {
+        match s {
+            Stored::Compressed(z) => Layout::Compressed(z),
+            Stored::Data(d) => d.into(),
+        }
+    }
+}

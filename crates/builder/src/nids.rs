@@ -1,0 +1,302 @@
+//! Stage 4, metadata layout: every inode's metadata record (core + xattrs + inline tail,
+//! chunk map or compressed index) is packed into metadata blocks, which fixes its nid.
+//!
+//! Records with inline data (a tail or a compressed pcluster behind the inode) must not
+//! cross a block boundary; the others may (the kernel reads inodes, xattrs and indexes
+//! across blocks: index packs and chunk entries are aligned, so none is split). So:
+//! first the root (its nid must stay small) and the block-bound records, best fit; then
+//! the others, each into the tightest gap left that holds it whole, else onto one
+//! stream at the end that runs across block boundaries and wastes nothing.
+//!
+//! Preferred: nids count from byte 0 and the root (packed first) sits behind the
+//! superblock, like mkfs.erofs, so block 0 is not wasted. When the root does not fit
+//! there, its nid would not fit 16 bits: nids count from the metadata region instead.
+
+use crate::layout::Layout;
+use crate::options::*;
+use crate::plan::Plan;
+use crate::scan::{InodeId, Tree};
+use std::collections::BTreeSet;
+
+/// A metadata record's length, which for a compressed file depends on where it starts:
+/// compact index sizes depend on the position modulo 32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    Fixed(u64),
+    /// `head` bytes (core, xattrs, padding, map header), then the compact index of
+    /// `lclusters` entries, then `tail` bytes (an inline pcluster).
+    Compact {
+        head: u64,
+        lclusters: usize,
+        tail: u64,
+    },
+}
+
+impl Shape {
+    /// Length of the record when it starts at byte `off` (absolute, or of the
+    /// block-aligned metadata region: only `off % 32` matters).
+    pub fn len(self, off: u64) -> u64 {
+        match self {
+            Shape::Fixed(n) => n,
+            Shape::Compact {
+                head,
+                lclusters,
+                tail,
+            } => {
+                head + ferofs_format::zindex::compact_size(lclusters, off + head, true) as u64
+                    + tail
+            }
+        }
+    }
+}
+
+/// One inode's record as the packer sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record {
+    pub shape: Shape,
+    /// Holds inline data: must sit within one block.
+    pub bound: bool,
+}
+
+/// The record of inode `id` with data at `layout`.
+pub fn record(plan: &Plan, id: InodeId, layout: &Layout) -> Record {
+    let base = plan.fixed_meta(id);
+    let bs = plan.bs;
+    let content_inline = plan.content_inline[id];
+    let shape = match layout {
+        Layout::Compressed(z) => Shape::Compact {
+            head: base.div_ceil(8) * 8 + 8,
+            lclusters: plan.sizes[id].div_ceil(bs) as usize,
+            tail: z.inline.as_ref().map_or(0, |(b, _)| b.len() as u64),
+        },
+        Layout::Inline { tail, .. } => Shape::Fixed(base + tail.len() as u64),
+        Layout::Chunked { map, .. } => Shape::Fixed(base.div_ceil(4) * 4 + 4 * map.len() as u64),
+        Layout::Plain { .. } if content_inline => Shape::Fixed(base + plan.sizes[id] % bs),
+        Layout::Plain { .. } => Shape::Fixed(base),
+    };
+    let bound =
+        layout.inline_pcluster() || matches!(layout, Layout::Inline { .. }) || content_inline;
+    Record { shape, bound }
+}
+
+/// Where the metadata records went.
+#[derive(Debug, Clone)]
+pub struct MetaLayout {
+    /// Per inode: absolute byte position of its record.
+    pub pos: Vec<u64>,
+    /// First block of the metadata region (the first block after the data).
+    pub base: u64,
+    /// Blocks of the metadata region (records behind the superblock not counted).
+    pub blocks: u64,
+    /// The superblock's meta_blkaddr: nids count from this block.
+    pub blkaddr: u64,
+    bs: u64,
+}
+
+impl MetaLayout {
+    pub fn nid(&self, id: InodeId) -> u64 {
+        (self.pos[id] - self.blkaddr * self.bs) / 32
+    }
+
+    /// First block after the metadata region.
+    pub fn end_blk(&self) -> u64 {
+        self.base + self.blocks
+    }
+}
+
+/// Pack the records of every inode of `tree` (data at `layouts`) from block `base`.
+pub fn assign(tree: &Tree, plan: &Plan, layouts: &[Layout], base: u64) -> Result<MetaLayout> {
+    let records: Vec<Record> = layouts
+        .iter()
+        .enumerate()
+        .map(|(id, l)| record(plan, id, l))
+        .collect();
+    let bs = plan.bs;
+    let bad_inline = |id: InodeId| BuildError::Invalid {
+        path: String::from_utf8_lossy(&tree.nodes[id].rel)
+            .into_owned()
+            .into(),
+        what: "inline record larger than a block".into(),
+    };
+    // The free end of block 0, behind the superblock and its config records.
+    let sb_end = plan.cfg.end().div_ceil(32) * 32;
+    let sb_slot = (plan.first_blk - 1, sb_end);
+    let (pos, blocks, blkaddr) = {
+        let (p, m) = pack(&records, tree.root, base, Some(sb_slot), bs).map_err(bad_inline)?;
+        if p[tree.root] / 32 <= 0xFFFF {
+            (p, m, 0u64)
+        } else {
+            let (p, m) = pack(&records, tree.root, base, None, bs).map_err(bad_inline)?;
+            (p, m, base)
+        }
+    };
+    let meta = MetaLayout {
+        pos,
+        base,
+        blocks,
+        blkaddr,
+        bs,
+    };
+    if meta.nid(tree.root) > 0xFFFF {
+        return Err(BuildError::TooLarge("root nid does not fit 16 bits".into()));
+    }
+    Ok(meta)
+}
+
+/// Free slots (free bytes, absolute block, start offset in the block): best fit, ties
+/// to the lowest block, so packing is deterministic.
+type Slots = BTreeSet<(u64, u64, u64)>;
+
+fn add_slot(set: &mut Slots, blk: u64, start: u64, end: u64) {
+    let start = start.div_ceil(32) * 32;
+    if end >= start + 32 {
+        set.insert((end - start, blk, start));
+    }
+}
+
+/// Pack `records` into metadata blocks from `base` (absolute block numbers), the root
+/// first, optionally starting with the free tail of block `sb_slot.0` from byte
+/// `sb_slot.1`. Returns each record's absolute byte position and the number of new
+/// blocks, or the inode whose block-bound record does not fit a block.
+fn pack(
+    records: &[Record],
+    root: InodeId,
+    base: u64,
+    sb_slot: Option<(u64, u64)>,
+    bs: u64,
+) -> Result<(Vec<u64>, u64), InodeId> {
+    let n = records.len();
+    let mut order: Vec<InodeId> = Vec::with_capacity(n);
+    order.push(root);
+    order.extend((0..n).filter(|&id| id != root && records[id].bound));
+    order.extend((0..n).filter(|&id| id != root && !records[id].bound));
+    let mut pos = vec![0u64; n];
+    let mut free_set = Slots::new();
+    if let Some((blk, from)) = sb_slot {
+        add_slot(&mut free_set, blk, from - blk * bs, bs);
+    }
+    let mut meta_blocks = 0u64;
+    // The stream's next byte, once it has begun.
+    let mut stream: Option<u64> = None;
+    for &id in &order {
+        let shape = records[id].shape;
+        let bound = id == root || records[id].bound;
+        let len0 = shape.len(0).div_ceil(32) * 32;
+        if len0 > bs && bound {
+            return Err(id);
+        }
+        // The index size depends on the offset modulo 32 (index areas are 8-aligned):
+        // start from the smallest size it can have, confirm at the candidate.
+        let lower = (0..4u64)
+            .map(|a| shape.len(a * 8).div_ceil(32) * 32)
+            .min()
+            .unwrap_or(len0);
+        let mut chosen = None;
+        for &(free, blk, start) in free_set.range((lower, 0, 0)..).take(8) {
+            let len = shape.len(blk * bs + start).div_ceil(32) * 32;
+            if len <= free {
+                chosen = Some((free, blk, start, len));
+                break;
+            }
+        }
+        if let Some((free, blk, start, len)) = chosen {
+            free_set.remove(&(free, blk, start));
+            pos[id] = blk * bs + start;
+            add_slot(&mut free_set, blk, start + len, start + free);
+        } else if bound {
+            // (Never after the stream began: block-bound records come first. Should
+            // one come later, the stream ends and its block's rest becomes a gap.)
+            if let Some(p) = stream.take() {
+                if p % bs != 0 {
+                    add_slot(&mut free_set, p / bs, p % bs, bs);
+                }
+            }
+            let blk = base + meta_blocks;
+            meta_blocks += 1;
+            pos[id] = blk * bs;
+            let len = shape.len(pos[id]).div_ceil(32) * 32;
+            if len > bs {
+                return Err(id);
+            }
+            add_slot(&mut free_set, blk, len.min(bs), bs);
+        } else {
+            let at = match stream {
+                Some(p) => p,
+                None => {
+                    // Begin in the free end of the last block, if it has one.
+                    let last = (base + meta_blocks).checked_sub(1).filter(|&b| b >= base);
+                    let end_slot = last.and_then(|b| {
+                        free_set
+                            .iter()
+                            .find(|&&(free, blk, start)| blk == b && start + free == bs)
+                            .copied()
+                    });
+                    match end_slot {
+                        Some(slot) => {
+                            free_set.remove(&slot);
+                            slot.1 * bs + slot.2
+                        }
+                        None => (base + meta_blocks) * bs,
+                    }
+                }
+            };
+            pos[id] = at;
+            let end = at + shape.len(at);
+            meta_blocks = meta_blocks.max(end.div_ceil(bs) - base);
+            stream = Some(end.div_ceil(32) * 32);
+        }
+    }
+    Ok((pos, meta_blocks))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixed(len: u64, bound: bool) -> Record {
+        Record {
+            shape: Shape::Fixed(len),
+            bound,
+        }
+    }
+
+    #[test]
+    fn root_behind_the_superblock_then_best_fit_then_stream() -> Result<(), InodeId> {
+        // Block 0 free from byte 1184 (superblock end rounded to 32) of 4096.
+        let recs = vec![
+            fixed(64, true),    // root
+            fixed(32, false),   // into the tightest gap left
+            fixed(3000, true),  // does not fit block 0's rest: a new block
+            fixed(2000, true),  // best fit: block 0's rest (2848 bytes left)
+            fixed(5000, false), // fits no gap: on the stream, across blocks
+        ];
+        let (pos, blocks) = pack(&recs, 0, 10, Some((0, 1184)), 4096)?;
+        assert_eq!(pos[0], 1184);
+        assert_eq!(pos[2], 10 * 4096);
+        assert_eq!(pos[3], 1184 + 64);
+        // Gaps left: 832 bytes in block 0, 1088 at the end of block 10.
+        assert_eq!(pos[1], 1184 + 64 + 2016);
+        // The stream begins in the free end of the last new block.
+        assert_eq!(pos[4], 10 * 4096 + 3008);
+        assert_eq!(blocks, 2);
+        Ok(())
+    }
+
+    #[test]
+    fn bound_record_larger_than_a_block_is_refused() {
+        let recs = vec![fixed(64, true), fixed(4097, true)];
+        assert_eq!(pack(&recs, 0, 1, None, 4096), Err(1));
+    }
+
+    #[test]
+    fn compact_shape_depends_on_position_mod_32() {
+        let s = Shape::Compact {
+            head: 40,
+            lclusters: 40,
+            tail: 0,
+        };
+        // e_pos % 32 == 8: 6 leading 4-byte entries, then 2 packs of 16 (2-byte), 2 left.
+        assert_eq!(s.len(0), 40 + 4 * 6 + 2 * 32 + 4 * 2);
+        assert_eq!(s.len(32), s.len(0));
+    }
+}

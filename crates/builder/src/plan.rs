@@ -1,0 +1,260 @@
+//! Stage 2, plan: how every inode will be stored, decided from the tree and the options
+//! before any data is written — the time policy, each inode's version (compact or
+//! extended), the xattr plan, directory contents and sizes, which tails may go inline
+//! behind the inode, and where block 0 ends (superblock and compression configs).
+
+use crate::dir::{self, DirPlan};
+use crate::options::*;
+use crate::sb::ComprCfg;
+use crate::scan::{InodeId, Kind, Tree};
+use crate::xattrs::{self, XattrPlan};
+use ferofs_format::inode::{xattr_icount_for, COMPACT_SIZE, EXTENDED_SIZE};
+
+/// Everything later stages need to know about the inodes that does not depend on where
+/// data or metadata goes.
+pub struct Plan {
+    /// log2 of the block size.
+    pub bits: u8,
+    /// Block size in bytes.
+    pub bs: u64,
+    pub build_time: i64,
+    pub xattrs: XattrPlan,
+    /// Per inode: an extended (64-byte) core instead of a compact (32-byte) one.
+    pub extended: Vec<bool>,
+    /// Per inode: i_size (file size, directory size, symlink target length; 0 else).
+    pub sizes: Vec<u64>,
+    /// Per inode: the directory's content (None for other inodes).
+    pub dirs: Vec<Option<DirPlan>>,
+    /// Per inode: a directory or symlink whose last partial block goes behind the inode.
+    pub content_inline: Vec<bool>,
+    /// Compression config records behind the superblock.
+    pub cfg: ComprCfg,
+    /// First block after block 0's superblock and records: the data region starts here.
+    pub first_blk: u64,
+    /// Regular files' tails may go inline (`-E noinline_data` turns this off).
+    inline_data: bool,
+}
+
+impl Plan {
+    /// Bytes the inode takes before anything layout-specific: core and xattrs.
+    pub fn fixed_meta(&self, id: InodeId) -> u64 {
+        let core = if self.extended[id] {
+            EXTENDED_SIZE
+        } else {
+            COMPACT_SIZE
+        };
+        core as u64 + self.xattrs.ibody[id].len() as u64
+    }
+
+    /// Whether the tail of regular file `id` of `size` bytes goes behind its inode.
+    pub fn inline_tail(&self, id: InodeId, size: u64) -> bool {
+        let tail = size % self.bs;
+        // Inode, xattrs and tail in one block. (The kernel would also accept an inode
+        // crossing into the tail's block, as mkfs.erofs sometimes writes; measured on
+        // the linux tree, inlining those big tails cost more metadata blocks than it
+        // saved data blocks.)
+        self.inline_data && tail != 0 && self.fixed_meta(id) + tail <= self.bs
+    }
+
+    /// Blocks the shared xattr area takes.
+    pub fn shared_xattr_blocks(&self) -> u64 {
+        (self.xattrs.shared_area.len() as u64).div_ceil(self.bs)
+    }
+}
+
+/// Apply the time policy to `tree` (doc: -T, SOURCE_DATE_EPOCH, --ignore-mtime) and
+/// return the build time.
+pub fn apply_time_policy(tree: &mut Tree, o: &BuildOptions) -> i64 {
+    let newest = tree.nodes.iter().map(|n| n.mtime).max().unwrap_or(0);
+    let build_time = o.timestamp.or(o.source_date_epoch).unwrap_or(newest);
+    for n in &mut tree.nodes {
+        if let Some(t) = o.timestamp {
+            n.mtime = t;
+            n.mtime_nsec = 0;
+        } else if let Some(sde) = o.source_date_epoch {
+            if n.mtime > sde {
+                n.mtime = sde;
+                n.mtime_nsec = 0;
+            }
+        }
+        if o.ignore_mtime {
+            n.mtime = build_time;
+            n.mtime_nsec = 0;
+        }
+    }
+    build_time
+}
+
+/// Plan `tree` (its times already set by [`apply_time_policy`]).
+pub fn plan(tree: &Tree, build_time: i64, o: &BuildOptions) -> Result<Plan> {
+    let bits = o.block_size.trailing_zeros() as u8;
+    let bs = u64::from(o.block_size);
+    let xattrs = xattrs::plan(tree);
+    // Inode versions: compact only when every value fits and the mtime equals the
+    // build time (compact inodes carry no mtime older kernels would show).
+    let extended: Vec<bool> = tree
+        .nodes
+        .iter()
+        .map(|nd| {
+            let size = match &nd.kind {
+                Kind::File { size, .. } => *size,
+                _ => 0,
+            };
+            size > u64::from(u32::MAX)
+                || nd.uid > 0xFFFF
+                || nd.gid > 0xFFFF
+                || nd.nlink > 0xFFFF
+                || nd.mtime != build_time
+                || nd.mtime_nsec != 0
+        })
+        .collect();
+    for (id, area) in xattrs.ibody.iter().enumerate() {
+        if xattr_icount_for(area.len()).is_none() {
+            return Err(BuildError::Invalid {
+                path: tree.nodes[id]
+                    .rel
+                    .iter()
+                    .copied()
+                    .map(char::from)
+                    .collect::<String>()
+                    .into(),
+                what: "xattrs too large for one inode".into(),
+            });
+        }
+    }
+    let dirs: Vec<Option<DirPlan>> = (0..tree.nodes.len())
+        .map(|id| dir::plan(tree, id, bs as usize))
+        .collect();
+    let sizes: Vec<u64> = tree
+        .nodes
+        .iter()
+        .zip(&dirs)
+        .map(|(nd, d)| match &nd.kind {
+            Kind::Dir { .. } => d.as_ref().map_or(0, |d| d.size),
+            Kind::File { size, .. } => *size,
+            Kind::Symlink { target } => target.len() as u64,
+            _ => 0,
+        })
+        .collect();
+    let cfg = ComprCfg::new(o);
+    let mut p = Plan {
+        bits,
+        bs,
+        build_time,
+        xattrs,
+        extended,
+        sizes,
+        dirs,
+        content_inline: Vec::new(),
+        first_blk: cfg.end().div_ceil(bs),
+        cfg,
+        inline_data: o.inline_data,
+    };
+    // Directories and symlinks: the last partial block goes inline whenever it fits
+    // (regardless of -E noinline_data, like mkfs).
+    p.content_inline = tree
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(id, nd)| {
+            let tail = p.sizes[id] % bs;
+            matches!(nd.kind, Kind::Dir { .. } | Kind::Symlink { .. })
+                && tail != 0
+                && p.fixed_meta(id) + tail <= bs
+        })
+        .collect();
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scan::Node;
+
+    fn node(kind: Kind, mtime: i64) -> Node {
+        Node {
+            kind,
+            mode: 0o40755,
+            uid: 0,
+            gid: 0,
+            mtime,
+            mtime_nsec: 0,
+            nlink: 1,
+            xattrs: Vec::new(),
+            rel: Vec::new(),
+        }
+    }
+
+    /// A root holding a file, a short and a 4095-byte symlink; the file is older.
+    fn tree() -> Tree {
+        let root = Kind::Dir {
+            entries: vec![
+                (b"f".to_vec(), 1),
+                (b"long".to_vec(), 3),
+                (b"s".to_vec(), 2),
+            ],
+            parent: 0,
+        };
+        let file = Kind::File {
+            path: "/nonexistent".into(),
+            size: 5000,
+        };
+        Tree {
+            nodes: vec![
+                node(root, 100),
+                node(file, 50),
+                node(
+                    Kind::Symlink {
+                        target: b"target".to_vec(),
+                    },
+                    100,
+                ),
+                node(
+                    Kind::Symlink {
+                        target: vec![b'x'; 4095],
+                    },
+                    100,
+                ),
+            ],
+            root: 0,
+        }
+    }
+
+    #[test]
+    fn versions_sizes_and_inline_decisions() -> Result<()> {
+        let mut t = tree();
+        let o = BuildOptions::default();
+        let build_time = apply_time_policy(&mut t, &o);
+        assert_eq!(build_time, 100);
+        let p = plan(&t, build_time, &o)?;
+        // Only the older file needs an extended inode (its mtime is not the build time).
+        assert_eq!(p.extended, [false, true, false, false]);
+        assert_eq!(p.fixed_meta(1), 64);
+        // ".", "..", "f", "long", "s": 5 dirents of 12 bytes and 1+2+1+4+1 name bytes.
+        assert_eq!(p.sizes, [69, 5000, 6, 4095]);
+        // The file's 904-byte tail fits behind its 64-byte inode; the 4095-byte target
+        // does not fit behind a 32-byte one.
+        assert!(p.inline_tail(1, 5000));
+        assert_eq!(p.content_inline, [true, false, true, false]);
+        assert_eq!(p.first_blk, 1);
+        let no_inline = BuildOptions {
+            inline_data: false,
+            ..o
+        };
+        assert!(!plan(&t, build_time, &no_inline)?.inline_tail(1, 5000));
+        Ok(())
+    }
+
+    #[test]
+    fn ignore_mtime_makes_every_inode_compact() -> Result<()> {
+        let mut t = tree();
+        let o = BuildOptions {
+            ignore_mtime: true,
+            ..BuildOptions::default()
+        };
+        let build_time = apply_time_policy(&mut t, &o);
+        let p = plan(&t, build_time, &o)?;
+        assert_eq!(p.extended, [false; 4]);
+        Ok(())
+    }
+}

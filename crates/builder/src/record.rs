@@ -1,0 +1,105 @@
+//! One inode's metadata record: the core (compact or extended), the xattr area, then by
+//! layout the inline tail, the chunk map, or the compressed map header with its compact
+//! index and inline pcluster. Its length matches [`crate::nids::record`]'s shape.
+
+use crate::layout::Layout;
+use crate::options::*;
+use crate::plan::Plan;
+use crate::scan::{InodeId, Kind, Node};
+use ferofs_format::inode::*;
+use ferofs_format::{zindex, zmap};
+
+/// Encode the record of inode `id` (`nd`), data at `layout`, placed at absolute byte
+/// `pos` (the compact index's packing depends on it). `big_pcluster`: the image's
+/// compressed files use the big-pcluster index format.
+pub fn encode(
+    plan: &Plan,
+    id: InodeId,
+    nd: &Node,
+    layout: &Layout,
+    pos: u64,
+    big_pcluster: bool,
+) -> Result<Vec<u8>> {
+    let ext = plan.extended[id];
+    let (data_layout, u) = match layout {
+        Layout::Plain { startblk } => (DataLayout::FlatPlain, *startblk),
+        Layout::Inline { startblk, .. } => (
+            DataLayout::FlatInline,
+            startblk.unwrap_or(u64::from(u32::MAX)),
+        ),
+        Layout::Chunked { chunk_rel, .. } => (DataLayout::ChunkBased, u64::from(*chunk_rel)),
+        Layout::Compressed(z) => (DataLayout::CompressedCompact, z.blocks),
+    };
+    let u = match nd.kind {
+        Kind::Device { rdev } => u64::from(rdev),
+        Kind::Fifo | Kind::Socket => 0,
+        _ => u,
+    };
+    let u32v = u32::try_from(u)
+        .map_err(|_| BuildError::TooLarge("block address beyond 2^32 blocks".into()))?;
+    let area = &plan.xattrs.ibody[id];
+    let size = plan.sizes[id];
+    let core = InodeCore {
+        format: make_format(ext, data_layout, false),
+        xattr_icount: xattr_icount_for(area.len()).unwrap_or(0),
+        mode: nd.mode,
+        nb: if ext { 0 } else { nd.nlink as u16 },
+        size,
+        mtime: if ext { nd.mtime } else { 0 },
+        mtime_nsec: if ext { nd.mtime_nsec } else { 0 },
+        u: u32v,
+        ino: (id + 1) as u32,
+        uid: nd.uid,
+        gid: nd.gid,
+        nlink_ext: nd.nlink,
+    };
+    let mut rec: Vec<u8> = if ext {
+        core.encode_extended().to_vec()
+    } else {
+        core.encode_compact().to_vec()
+    };
+    rec.extend_from_slice(area);
+    match layout {
+        Layout::Inline { tail, .. } => rec.extend_from_slice(tail),
+        Layout::Chunked { map, .. } => {
+            rec.resize(rec.len().div_ceil(4) * 4, 0);
+            for m in map {
+                rec.extend_from_slice(&m.to_le_bytes());
+            }
+        }
+        Layout::Plain { .. } => {}
+        Layout::Compressed(z) => {
+            rec.resize(rec.len().div_ceil(8) * 8, 0);
+            let mut advise = zmap::ADVISE_COMPACTED_2B;
+            if big_pcluster {
+                advise |= zmap::ADVISE_BIG_PCLUSTER_1 | zmap::ADVISE_BIG_PCLUSTER_2;
+            }
+            let mut word0 = 0u32;
+            if let Some((b, _)) = &z.inline {
+                advise |= zmap::ADVISE_INLINE_PCLUSTER;
+                word0 = (b.len() as u32) << 16;
+            }
+            let h = zmap::MapHeader {
+                word0,
+                advise,
+                algorithmtype: z.alg_id,
+                clusterbits: 0,
+            };
+            rec.extend_from_slice(&h.encode());
+            let bad_index = |e| BuildError::Invalid {
+                path: String::from_utf8_lossy(&nd.rel).into_owned().into(),
+                what: format!("index: {e:?}"),
+            };
+            let ents = zindex::lcluster_entries(&z.extents, size, plan.bits, big_pcluster)
+                .map_err(bad_index)?;
+            let e_pos = pos + rec.len() as u64;
+            let idx =
+                zindex::encode_compact(&ents, e_pos, true, big_pcluster).map_err(bad_index)?;
+            rec.extend_from_slice(&idx);
+            if let Some((b, _)) = &z.inline {
+                rec.extend_from_slice(b);
+            }
+        }
+    }
+    Ok(rec)
+}

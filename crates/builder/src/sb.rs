@@ -1,0 +1,180 @@
+//! Block 0: the superblock, the compression config records behind it (doc §1.5), the
+//! UUID and the checksum. The records' length is known from the options alone, so the
+//! plan can place the data region behind them before anything is written.
+
+use crate::options::*;
+use crate::out::Out;
+use ferofs_format::sb::*;
+
+/// The compression config records and whether the image needs them: pclusters over
+/// one block or any algorithm other than LZ4.
+pub struct ComprCfg {
+    pub needed: bool,
+    /// Bit per on-disk algorithm id used.
+    pub algs: u16,
+    /// The records, each 4-byte aligned relative to the superblock.
+    pub bytes: Vec<u8>,
+}
+
+impl ComprCfg {
+    pub fn new(o: &BuildOptions) -> Self {
+        let Some(c) = &o.compression else {
+            return ComprCfg {
+                needed: false,
+                algs: 0,
+                bytes: Vec::new(),
+            };
+        };
+        let max_pcl = std::iter::once(c.pcluster_size)
+            .chain(c.hints.iter().map(|h| h.pcluster_size))
+            .max()
+            .unwrap_or(o.block_size);
+        let mut algs = 0u16;
+        for a in &c.algorithms {
+            algs |= 1 << a.encoder.algorithm().id();
+        }
+        let needed = max_pcl > o.block_size || algs != 1;
+        let mut bytes = Vec::new();
+        if needed {
+            for id in 0..4u8 {
+                if algs & (1 << id) == 0 {
+                    continue;
+                }
+                let Some(alg) = ferofs_compress::Algorithm::from_id(id) else {
+                    continue;
+                };
+                let dict = c
+                    .algorithms
+                    .iter()
+                    .filter(|a| a.encoder.algorithm() == alg)
+                    .map(|a| a.effective_dict(max_pcl))
+                    .max()
+                    .unwrap_or(0);
+                let rec =
+                    ferofs_compress::config_record(alg, dict, (max_pcl / o.block_size) as u16);
+                while !(SB_BASE_SIZE + bytes.len()).is_multiple_of(4) {
+                    bytes.push(0);
+                }
+                bytes.extend_from_slice(&(rec.len() as u16).to_le_bytes());
+                bytes.extend_from_slice(&rec);
+            }
+        }
+        ComprCfg {
+            needed,
+            algs,
+            bytes,
+        }
+    }
+
+    /// First byte after the superblock and the records.
+    pub fn end(&self) -> u64 {
+        SB_OFFSET + SB_BASE_SIZE as u64 + self.bytes.len() as u64
+    }
+}
+
+/// What the superblock says about the image, gathered by the write stage.
+pub struct SbFields {
+    pub blkszbits: u8,
+    pub root_nid: u16,
+    pub inos: u64,
+    pub build_time: i64,
+    pub total_blocks: u64,
+    pub meta_blkaddr: u64,
+    pub xattr_blkaddr: u64,
+    pub xattr_filter: bool,
+    pub chunked: bool,
+    pub compressed: bool,
+    /// Some compressed file has its tail pcluster inline (ztailpacking).
+    pub inline_pcluster: bool,
+}
+
+/// The superblock (UUID still zero) for `f`.
+pub fn superblock(f: &SbFields, cfg: &ComprCfg, label: Option<&str>) -> Result<Superblock> {
+    let mut feature_incompat = 0;
+    if f.chunked {
+        feature_incompat |= INCOMPAT_CHUNKED_FILE;
+    }
+    let mut u1 = 0u16;
+    if f.compressed {
+        feature_incompat |= INCOMPAT_ZERO_PADDING;
+        if cfg.needed {
+            feature_incompat |= INCOMPAT_COMPR_CFGS;
+            u1 = cfg.algs;
+        } else {
+            u1 = 0xFFFF; // lz4_max_distance: the default 64 KiB window
+        }
+    }
+    if f.inline_pcluster {
+        feature_incompat |= INCOMPAT_ZTAILPACKING;
+    }
+    let mut sb = Superblock {
+        magic: MAGIC,
+        feature_compat: COMPAT_SB_CHKSUM
+            | COMPAT_MTIME
+            | if f.xattr_filter {
+                COMPAT_XATTR_FILTER
+            } else {
+                0
+            },
+        blkszbits: f.blkszbits,
+        rootnid_2b: f.root_nid,
+        inos: f.inos,
+        epoch: f.build_time as u64,
+        blocks_lo: u32::try_from(f.total_blocks)
+            .map_err(|_| BuildError::TooLarge("more than 2^32 blocks".into()))?,
+        meta_blkaddr: u32::try_from(f.meta_blkaddr)
+            .map_err(|_| BuildError::TooLarge("metadata beyond 2^32 blocks".into()))?,
+        xattr_blkaddr: u32::try_from(f.xattr_blkaddr).unwrap_or(0),
+        feature_incompat,
+        u1,
+        ..Default::default()
+    };
+    if let Some(l) = label {
+        sb.volume_name[..l.len()].copy_from_slice(l.as_bytes());
+    }
+    Ok(sb)
+}
+
+/// The UUID: fixed, random, or derived from everything `out` has written so far and
+/// the superblock itself (so it must be called after every other write).
+pub fn uuid(choice: UuidChoice, out: &Out, sb: &Superblock) -> Result<[u8; 16]> {
+    Ok(match choice {
+        UuidChoice::Fixed(u) => u,
+        UuidChoice::Random => {
+            let mut u = [0u8; 16];
+            getrandom::fill(&mut u)
+                .map_err(|e| BuildError::Options(format!("random uuid: {e}")))?;
+            set_v4(u)
+        }
+        UuidChoice::Derived => {
+            let mut h = out.content_hash().to_vec();
+            h.extend_from_slice(&sb.encode());
+            let d: [u8; 32] =
+                sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(&h)).into();
+            let mut u = [0u8; 16];
+            u.copy_from_slice(&d[..16]);
+            set_v4(u)
+        }
+    })
+}
+
+/// Put the superblock (and, when `with_cfg`, the config records) into `block0` and
+/// checksum it.
+pub fn seal_block0(block0: &mut [u8], sb: &Superblock, cfg: &ComprCfg, with_cfg: bool) {
+    let sbb = sb.encode();
+    let sbo = SB_OFFSET as usize;
+    block0[sbo..sbo + sbb.len()].copy_from_slice(&sbb);
+    if with_cfg {
+        let at = sbo + sbb.len();
+        block0[at..at + cfg.bytes.len()].copy_from_slice(&cfg.bytes);
+    }
+    let clen = checksum_len(1u32 << sb.blkszbits);
+    let csum = compute_checksum(&block0[sbo..sbo + clen]);
+    block0[sbo + 4..sbo + 8].copy_from_slice(&csum.to_le_bytes());
+}
+
+fn set_v4(mut u: [u8; 16]) -> [u8; 16] {
+    u[6] = (u[6] & 0x0F) | 0x40;
+    u[8] = (u[8] & 0x3F) | 0x80;
+    u
+}

@@ -1,0 +1,94 @@
+//! Stage 6, write: the metadata records into block 0 (behind the superblock) and the
+//! metadata region, then the shared xattrs, the directory and symlink blocks, and the
+//! superblock with its checksum last; the temporary file is renamed over the output.
+//! (The data region was written by the data stage.)
+
+use crate::blobs::Blobs;
+use crate::layout::Layout;
+use crate::nids::{self, MetaLayout};
+use crate::options::*;
+use crate::out::Out;
+use crate::plan::Plan;
+use crate::record;
+use crate::sb;
+use crate::scan::Tree;
+
+/// What the finished image is.
+pub struct Written {
+    pub blocks: u64,
+    pub bytes: u64,
+    pub uuid: [u8; 16],
+}
+
+/// Write everything but the data region to `out` and finish it.
+pub fn write_image(
+    mut out: Out,
+    tree: &Tree,
+    plan: &Plan,
+    meta: &MetaLayout,
+    blobs: &Blobs,
+    o: &BuildOptions,
+) -> Result<Written> {
+    let bs = plan.bs;
+    let layouts = &blobs.layouts;
+    let compressed = layouts.iter().any(|l| matches!(l, Layout::Compressed(_)));
+    let big_pcluster = compressed && plan.cfg.needed;
+
+    // Block 0 (up to the end of the superblock's block): superblock, compression
+    // configs, and the records packed behind them.
+    let mut block0 = vec![0u8; (plan.first_blk * bs) as usize];
+    let mut region = vec![0u8; (meta.blocks * bs) as usize];
+    for (id, nd) in tree.nodes.iter().enumerate() {
+        let p = meta.pos[id];
+        let rec = record::encode(plan, id, nd, &layouts[id], p, big_pcluster)?;
+        // The packer reserved the shape's length: a longer record would overwrite the
+        // next one.
+        if rec.len() as u64 != nids::record(plan, id, &layouts[id]).shape.len(p) {
+            return Err(BuildError::Options(format!(
+                "internal: inode {id}'s record is not as long as planned"
+            )));
+        }
+        let dst = if p < meta.base * bs {
+            &mut block0[p as usize..p as usize + rec.len()]
+        } else {
+            let off = (p - meta.base * bs) as usize;
+            &mut region[off..off + rec.len()]
+        };
+        dst.copy_from_slice(&rec);
+    }
+    out.write_at(meta.base * bs, &region)?;
+    let shared_blk = meta.end_blk();
+    if !plan.xattrs.shared_area.is_empty() {
+        out.write_at(shared_blk * bs, &plan.xattrs.shared_area)?;
+    }
+    for b in &blobs.blobs {
+        out.write_at(b.startblk * bs, &b.bytes)?;
+    }
+
+    // Superblock, checksum last.
+    let total_blocks = blobs.end_blk;
+    let fields = sb::SbFields {
+        blkszbits: plan.bits,
+        root_nid: meta.nid(tree.root) as u16,
+        inos: tree.nodes.len() as u64,
+        build_time: plan.build_time,
+        total_blocks,
+        meta_blkaddr: meta.blkaddr,
+        xattr_blkaddr: shared_blk,
+        xattr_filter: plan.xattrs.any,
+        chunked: layouts.iter().any(|l| matches!(l, Layout::Chunked { .. })),
+        compressed,
+        inline_pcluster: layouts.iter().any(Layout::inline_pcluster),
+    };
+    let mut sb = sb::superblock(&fields, &plan.cfg, o.label.as_deref())?;
+    sb.uuid = sb::uuid(o.uuid, &out, &sb)?;
+    sb::seal_block0(&mut block0, &sb, &plan.cfg, big_pcluster);
+    out.write_at(0, &block0)?;
+    out.set_len(total_blocks * bs)?;
+    out.finish(o.fsync)?;
+    Ok(Written {
+        blocks: total_blocks,
+        bytes: total_blocks * bs,
+        uuid: sb.uuid,
+    })
+}

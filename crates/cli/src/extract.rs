@@ -1,8 +1,10 @@
 //! `extract`: the whole tree (or a subtree) to a directory, in parallel, with metadata.
 //!
 //! Order: walk the image once (metadata only), create directories, then write regular
-//! files in parallel (holes are skipped so sparse files stay sparse), then symlinks,
-//! device nodes, FIFOs, sockets and hardlinks, then apply owner, mode, xattrs and times —
+//! files in parallel — each with one read context and buffer per thread, positional
+//! writes of up to 1 MiB, holes skipped so sparse files stay sparse, and owner, xattrs,
+//! mode and times set through the still-open descriptor — then symlinks, device nodes,
+//! FIFOs, sockets and hardlinks, then the metadata of symlinks and special files, and of
 //! directories last and deepest first, so writing into them does not disturb their
 //! times or trip over their permissions.
 
@@ -11,14 +13,15 @@ use crate::list::open;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use ferofs_format::inode::*;
-use ferofs_reader::{Image, Inode};
+use ferofs_reader::{Image, Inode, ReadCtx};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs;
-use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use xattr::FileExt as _;
 
 #[derive(Args)]
 pub struct ExtractArgs {
@@ -126,11 +129,13 @@ pub fn run(a: ExtractArgs) -> Result<()> {
         }
     }
 
-    // 3. Regular file contents, in parallel.
+    // 3. Regular files, in parallel: contents, then owner, xattrs, mode and times on the
+    //    open descriptor (no path lookups). One read context and buffer per thread.
+    let own = Ownership::probe(&a)?;
     entries
         .par_iter()
         .filter(|e| e.ino.is_regular() && e.link_to.is_none())
-        .try_for_each(|e| write_file(&img, &e.ino, &join(&a.out, &e.rel)))?;
+        .try_for_each_init(Worker::new, |w, e| w.file(&img, e, &a, own))?;
 
     // 4. Everything else that is not a directory.
     for e in entries.iter().filter(|e| !e.ino.is_dir()) {
@@ -172,10 +177,11 @@ pub fn run(a: ExtractArgs) -> Result<()> {
         }
     }
 
-    // 5. Metadata: non-directories in parallel, then directories deepest first.
+    // 5. Metadata of the rest (regular files have theirs): symlinks and special files
+    //    in parallel, then directories deepest first.
     entries
         .par_iter()
-        .filter(|e| !e.ino.is_dir() && e.link_to.is_none())
+        .filter(|e| !e.ino.is_dir() && !e.ino.is_regular() && e.link_to.is_none())
         .try_for_each(|e| apply_meta(&img, e, &a))?;
     let mut dirs: Vec<&Entry> = entries.iter().filter(|e| e.ino.is_dir()).collect();
     dirs.sort_by_key(|e| std::cmp::Reverse(e.depth));
@@ -185,37 +191,132 @@ pub fn run(a: ExtractArgs) -> Result<()> {
     Ok(())
 }
 
-fn write_file(img: &Image, ino: &Inode, p: &Path) -> Result<()> {
-    let mut f = fs::File::create(p).with_context(|| format!("create {}", p.display()))?;
-    let mut buf = vec![0u8; (1usize << 20).min(ino.size.max(1) as usize)];
-    let mut off = 0u64;
-    let mut pending_hole = false;
-    while off < ino.size {
-        let n = img
-            .read_at(ino, off, &mut buf)
-            .with_context(|| format!("{}: read at offset {off}", p.display()))?;
-        if n == 0 {
-            bail!(
-                "{}: image data ends at {off}, size is {}",
-                p.display(),
-                ino.size
-            );
-        }
-        let chunk = &buf[..n];
-        if chunk.iter().all(|&b| b == 0) {
-            f.seek(SeekFrom::Current(n as i64))?;
-            pending_hole = true;
-        } else {
-            f.write_all(chunk)
-                .with_context(|| format!("write {}", p.display()))?;
-            pending_hole = false;
-        }
-        off += n as u64;
+/// Whether `fchown` can be skipped: a file we create already belongs to our effective
+/// uid and gid unless the output directory is set-group-ID (new files and directories
+/// then take its group), and `--force` may truncate files that belong to someone else.
+#[derive(Clone, Copy)]
+struct Ownership {
+    uid: u32,
+    gid: u32,
+    trust_new: bool,
+}
+
+impl Ownership {
+    fn probe(a: &ExtractArgs) -> Result<Self> {
+        let m = fs::metadata(&a.out).with_context(|| format!("stat {}", a.out.display()))?;
+        Ok(Ownership {
+            uid: rustix::process::geteuid().as_raw(),
+            gid: rustix::process::getegid().as_raw(),
+            trust_new: !a.force && m.permissions().mode() & 0o2000 == 0,
+        })
     }
-    if pending_hole {
-        f.set_len(ino.size)?;
+    fn needs_chown(self, ino: &Inode) -> bool {
+        !(self.trust_new && ino.uid == self.uid && ino.gid == self.gid)
     }
-    Ok(())
+}
+
+/// Largest read and write of file data.
+const CHUNK: usize = 1 << 20;
+
+/// Per-thread state of the file writers.
+struct Worker {
+    ctx: ReadCtx,
+    buf: Vec<u8>,
+}
+
+impl Worker {
+    fn new() -> Self {
+        Worker {
+            ctx: ReadCtx::new(),
+            buf: Vec::new(),
+        }
+    }
+
+    /// Write one regular file: data with positional writes (holes of the image's mapping
+    /// and all-zero chunks are skipped, so sparse files stay sparse; the size is set at
+    /// the end), then its metadata through the descriptor.
+    fn file(&mut self, img: &Image, e: &Entry, a: &ExtractArgs, own: Ownership) -> Result<()> {
+        let p = join(&a.out, &e.rel);
+        let ino = &e.ino;
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&p)
+            .with_context(|| format!("create {}", p.display()))?;
+        let want = usize::try_from(ino.size).map_or(CHUNK, |s| s.min(CHUNK));
+        if self.buf.len() < want {
+            self.buf.resize(want, 0);
+        }
+        let mut off = 0u64;
+        let mut written = 0u64;
+        // Bounded: every iteration advances `off` by at least one byte.
+        while off < ino.size {
+            let hole = img
+                .hole_end(&mut self.ctx, ino, off)
+                .with_context(|| format!("{}: map offset {off}", p.display()))?;
+            if let Some(end) = hole {
+                if end <= off {
+                    bail!("{}: empty hole at offset {off}", p.display());
+                }
+                off = end;
+                continue;
+            }
+            let n = img
+                .read_at_with(&mut self.ctx, ino, off, &mut self.buf[..want])
+                .with_context(|| format!("{}: read at offset {off}", p.display()))?;
+            if n == 0 {
+                bail!(
+                    "{}: image data ends at {off}, size is {}",
+                    p.display(),
+                    ino.size
+                );
+            }
+            let chunk = &self.buf[..n];
+            let end = off + n as u64;
+            if chunk.iter().any(|&b| b != 0) {
+                f.write_all_at(chunk, off)
+                    .with_context(|| format!("write {}", p.display()))?;
+                written = end;
+            }
+            off = end;
+        }
+        if written < ino.size {
+            f.set_len(ino.size)
+                .with_context(|| format!("truncate {}", p.display()))?;
+        }
+        let ctx = || format!("set metadata of {}", p.display());
+        if !a.no_owner && own.needs_chown(ino) {
+            std::os::unix::fs::fchown(&f, Some(ino.uid), Some(ino.gid)).with_context(ctx)?;
+        }
+        if !a.no_xattrs && ino.xattr_icount != 0 {
+            for x in img.xattrs(ino)? {
+                f.set_xattr(OsStr::from_bytes(&x.name), &x.value)
+                    .with_context(|| {
+                        format!("{}: set xattr {}", p.display(), bytes_display(&x.name))
+                    })?;
+            }
+        }
+        // After chown: chown clears setuid/setgid.
+        f.set_permissions(fs::Permissions::from_mode(u32::from(ino.mode & 0o7777)))
+            .with_context(ctx)?;
+        rustix::fs::futimens(&f, &timestamps(ino)).with_context(ctx)?;
+        Ok(())
+    }
+}
+
+fn timestamps(ino: &Inode) -> rustix::fs::Timestamps {
+    // tv_nsec is not i64 on every target: keep the conversion.
+    #[allow(clippy::useless_conversion)]
+    let t = rustix::fs::Timespec {
+        tv_sec: ino.mtime,
+        tv_nsec: i64::from(ino.mtime_nsec).try_into().unwrap_or(0),
+    };
+    rustix::fs::Timestamps {
+        last_access: t,
+        last_modification: t,
+    }
 }
 
 fn apply_meta(img: &Image, e: &Entry, a: &ExtractArgs) -> Result<()> {
@@ -242,19 +343,10 @@ fn apply_meta(img: &Image, e: &Entry, a: &ExtractArgs) -> Result<()> {
         )
         .with_context(ctx)?;
     }
-    // tv_nsec is not i64 on every target: keep the conversion.
-    #[allow(clippy::useless_conversion)]
-    let t = rustix::fs::Timespec {
-        tv_sec: e.ino.mtime,
-        tv_nsec: i64::from(e.ino.mtime_nsec).try_into().unwrap_or(0),
-    };
     rustix::fs::utimensat(
         rustix::fs::CWD,
         &p,
-        &rustix::fs::Timestamps {
-            last_access: t,
-            last_modification: t,
-        },
+        &timestamps(&e.ino),
         rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
     )
     .with_context(ctx)?;

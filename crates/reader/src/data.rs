@@ -5,6 +5,7 @@ use crate::error::*;
 use crate::image::Image;
 use crate::inode::Inode;
 use crate::source::Source;
+use crate::zdata::ReadCtx;
 use ferofs_format::chunk::*;
 use ferofs_format::inode::DataLayout;
 use ferofs_format::sb::INCOMPAT_48BIT;
@@ -57,6 +58,9 @@ impl fmt::Display for Extent {
         Ok(())
     }
 }
+
+/// Most mapping runs [`Image::hole_end`] merges in one call.
+pub const MAX_HOLE_RUNS: usize = 1 << 16;
 
 /// Hard cap on extents listed for one file.
 const MAX_EXTENTS_LISTED: usize = 1 << 20;
@@ -250,14 +254,80 @@ impl<S: Source> Image<S> {
     }
 
     /// Read file data at `offset` into `buf`; returns the bytes read (short only at EOF).
+    ///
+    /// Safe to call from many threads at once. Compressed extents a read needs only in
+    /// part are kept in the image's shared cache (see [`Image::set_cache_budget`]); for
+    /// whole files, [`Image::read_at_with`] and a context per thread is cheaper.
     pub fn read_at(&self, ino: &Inode, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        if offset >= ino.size || buf.is_empty() {
+        let want = Self::clamp_read(ino, offset, buf.len());
+        if want == 0 {
             return Ok(0);
         }
-        let want = (ino.size - offset).min(buf.len() as u64) as usize;
         if ino.layout.is_compressed() {
             return self.z_read_at(ino, offset, &mut buf[..want]);
         }
+        self.flat_read(ino, offset, &mut buf[..want])
+    }
+
+    /// Like [`Image::read_at`], with a caller-owned context (keep one per thread and
+    /// reuse it across files): compressed extents the read covers whole are decoded
+    /// straight into `buf`, the one a read ends inside is kept in `ctx` for the next
+    /// read, and nothing goes through the shared cache or its locks. For sequential
+    /// whole-file reads (`extract`, `check`).
+    pub fn read_at_with(
+        &self,
+        ctx: &mut ReadCtx,
+        ino: &Inode,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        let want = Self::clamp_read(ino, offset, buf.len());
+        if want == 0 {
+            return Ok(0);
+        }
+        if ino.layout.is_compressed() {
+            return self.z_read(ctx, false, ino, offset, &mut buf[..want]);
+        }
+        self.flat_read(ino, offset, &mut buf[..want])
+    }
+
+    /// If logical offset `pos` lies in a hole of the file's mapping (chunks or extents
+    /// with no data, or a flat file with no blocks), the end of that hole (consecutive
+    /// holes merged, up to [`MAX_HOLE_RUNS`] of them per call). Data that merely decodes
+    /// to zeros is not a hole.
+    pub fn hole_end(&self, ctx: &mut ReadCtx, ino: &Inode, pos: u64) -> Result<Option<u64>> {
+        let mut end = pos;
+        for _ in 0..MAX_HOLE_RUNS {
+            if end >= ino.size {
+                break;
+            }
+            let next = if ino.layout.is_compressed() {
+                self.z_hole_end(ctx, ino, end)?
+            } else {
+                let run = self.map_flat(ino, end)?;
+                match run.src {
+                    Src::Hole => Some(run.start.saturating_add(run.len)),
+                    _ => None,
+                }
+            };
+            match next {
+                Some(e) if e > end => end = e.min(ino.size),
+                _ => break,
+            }
+        }
+        Ok((end > pos).then_some(end))
+    }
+
+    /// Bytes a read of `len` at `offset` returns.
+    fn clamp_read(ino: &Inode, offset: u64, len: usize) -> usize {
+        if offset >= ino.size {
+            return 0;
+        }
+        usize::try_from(ino.size - offset).map_or(len, |left| left.min(len))
+    }
+
+    fn flat_read(&self, ino: &Inode, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let want = buf.len();
         let mut done = 0usize;
         // Bounded: every iteration makes progress of at least one byte.
         while done < want {

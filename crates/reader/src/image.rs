@@ -1,14 +1,15 @@
 //! The image: superblock validation (like the kernel's super.c) and the two address
 //! spaces inode metadata can live in (the image itself, or the metabox inode's data).
 
+use crate::cache::ExtentCache;
 use crate::error::*;
 use crate::inode::Inode;
 use crate::source::Source;
-use crate::zdata::PclusterCache;
 use ferofs_format::sb::*;
 use ferofs_format::{INODE_SLOT_SIZE, MAX_BLKSZBITS, MIN_BLKSZBITS};
 use std::fs::File;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// nid bit 63: the inode lives in the metabox.
@@ -49,8 +50,14 @@ pub struct Image<S: Source = File> {
     pub(crate) metabox: OnceLock<Result<Inode, String>>,
     pub(crate) packed: OnceLock<Result<Inode, String>>,
     pub(crate) prefixes: OnceLock<PrefixTable>,
-    pub(crate) cache: PclusterCache,
+    /// Shared cache of decoded extents for reads that need part of one.
+    pub(crate) cache: ExtentCache,
+    /// Unique per opened image (never 0): keys what a [`crate::ReadCtx`] holds.
+    pub(crate) id: u64,
 }
+
+/// Source of [`Image::id`]s.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Summary of the superblock for display.
 #[derive(Debug, Clone)]
@@ -200,7 +207,8 @@ impl<S: Source> Image<S> {
             metabox: OnceLock::new(),
             packed: OnceLock::new(),
             prefixes: OnceLock::new(),
-            cache: PclusterCache::new(64 << 20),
+            cache: ExtentCache::new(64 << 20),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         })
     }
 

@@ -16,6 +16,7 @@
 
 #![forbid(unsafe_code)]
 
+mod cache;
 pub mod data;
 pub mod dir;
 pub mod error;
@@ -34,3 +35,4 @@ pub use image::{Image, ImageInfo};
 pub use inode::Inode;
 pub use source::Source;
 pub use xattr::Xattr;
+pub use zdata::ReadCtx;

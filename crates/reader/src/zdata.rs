@@ -1,108 +1,292 @@
 //! Compressed data (like the kernel's zdata.c): read through `zmap`, decompress only the
-//! pclusters a read needs, keep decompressed pclusters in a bounded shared cache.
+//! pclusters a read needs.
+//!
+//! Two ways in, one engine:
+//!
+//! - [`Image::read_at_with`] with a caller-owned [`ReadCtx`] (one per thread): the
+//!   context keeps a window over the inode's index bytes, a read-ahead window over the
+//!   compressed bytes, and the last extent it decoded in part. Extents the read covers
+//!   whole are decoded straight into the caller's buffer; nothing is shared and nothing
+//!   is allocated per file once the buffers have grown. This is the path for whole-file
+//!   readers (`extract`, `check`).
+//! - [`Image::read_at`]: the same, with a per-thread context of the library's own, and
+//!   extents needed only in part kept in the image's shared, sharded cache
+//!   ([`crate::cache`]), so random readers on many threads share decoded bytes.
 
+use crate::cache::Bytes;
 use crate::data::Extent;
 use crate::error::*;
 use crate::image::Image;
 use crate::inode::Inode;
 use crate::source::Source;
-use crate::zmap::{ZExtent, ZKind, ZSrc};
+use crate::zmap::{MetaWin, ZExtent, ZInfo, ZKind, ZSrc};
 use ferofs_compress::{decompress, Algorithm, DecompressConfig};
 use ferofs_format::sb::INCOMPAT_COMPR_CFGS;
-use std::sync::{Arc, Mutex};
+use std::cell::RefCell;
+use std::sync::Arc;
 
 /// Largest decoded extent the kernel accepts (Z_EROFS_PCLUSTER_MAX_DSIZE).
 const MAX_DSIZE: u64 = 12 << 20;
 
-/// A bounded cache of decompressed extents, keyed by (nid, logical start).
-pub struct PclusterCache {
-    inner: Mutex<CacheInner>,
+/// Most compressed bytes read ahead in one positional read.
+const RAW_AHEAD_MAX: u64 = 1 << 20;
+
+/// Buffers above this are released after a read through the library's own context.
+const KEEP_CAPACITY: usize = 4 << 20;
+
+/// Image bytes `[at, at + buf.len())`, valid for the image with id `img` (0: none).
+#[derive(Debug, Default)]
+struct RawWin {
+    img: u64,
+    at: u64,
+    buf: Vec<u8>,
 }
 
-/// (nid, logical start) -> (last use, decoded bytes).
-type CacheMap = std::collections::HashMap<(u64, u64), (u64, Arc<Vec<u8>>)>;
-
-struct CacheInner {
-    budget: usize,
-    used: usize,
-    tick: u64,
-    /// (nid, logical start) -> (last use, decoded bytes).
-    map: CacheMap,
+/// Per-reader state for [`Image::read_at_with`]: reusable buffers and small windows
+/// over what the last read touched. Cheap to create (nothing is allocated until used);
+/// keep one per thread and reuse it across files. It may be used with any number of
+/// images: everything in it is keyed by the image it came from.
+#[derive(Debug, Default)]
+pub struct ReadCtx {
+    meta: MetaWin,
+    /// (image id, nid) and the map facts of the inode read last.
+    zi: Option<(u64, u64, ZInfo)>,
+    raw: RawWin,
+    /// Scratch for inline (tail-packed) pclusters.
+    inline: Vec<u8>,
+    /// A decoded prefix of one extent: (image id, nid, logical start).
+    dec_key: Option<(u64, u64, u64)>,
+    dec: Vec<u8>,
 }
 
-impl PclusterCache {
-    pub fn new(budget: usize) -> Self {
-        PclusterCache {
-            inner: Mutex::new(CacheInner {
-                budget,
-                used: 0,
-                tick: 0,
-                map: Default::default(),
-            }),
-        }
+impl ReadCtx {
+    pub fn new() -> Self {
+        Self::default()
     }
-    pub fn set_budget(&self, budget: usize) {
-        if let Ok(mut g) = self.inner.lock() {
-            g.budget = budget;
-            g.evict();
-        }
-    }
-    pub(crate) fn get(&self, key: (u64, u64)) -> Option<std::sync::Arc<Vec<u8>>> {
-        let mut g = self.inner.lock().ok()?;
-        g.tick += 1;
-        let t = g.tick;
-        let e = g.map.get_mut(&key)?;
-        e.0 = t;
-        Some(e.1.clone())
-    }
-    pub(crate) fn put(&self, key: (u64, u64), v: std::sync::Arc<Vec<u8>>) {
-        let Ok(mut g) = self.inner.lock() else { return };
-        if v.len() > g.budget {
-            return;
-        }
-        g.tick += 1;
-        let t = g.tick;
-        g.used += v.len();
-        if let Some(old) = g.map.insert(key, (t, v)) {
-            g.used -= old.1.len();
-        }
-        g.evict();
-    }
-    /// Bytes currently held.
-    pub fn used(&self) -> usize {
-        self.inner.lock().map(|g| g.used).unwrap_or(0)
-    }
-}
-
-impl CacheInner {
-    fn evict(&mut self) {
-        // Bounded: each pass removes one entry.
-        while self.used > self.budget {
-            let Some((&k, _)) = self.map.iter().min_by_key(|(_, (t, _))| *t) else {
-                break;
-            };
-            if let Some((_, v)) = self.map.remove(&k) {
-                self.used -= v.len();
+    fn trim(&mut self) {
+        for v in [&mut self.raw.buf, &mut self.dec, &mut self.inline] {
+            if v.capacity() > KEEP_CAPACITY {
+                *v = Vec::new();
             }
         }
+        if self.raw.buf.is_empty() {
+            self.raw.img = 0;
+        }
+        if self.dec.is_empty() {
+            self.dec_key = None;
+        }
     }
+}
+
+thread_local! {
+    static CTX: RefCell<ReadCtx> = RefCell::new(ReadCtx::new());
+}
+
+/// Run `f` with this thread's library context, or a fresh one when it is in use (a read
+/// of the packed or metabox inode nested inside another read) or gone (thread exit).
+fn with_thread_ctx<T>(f: impl FnOnce(&mut ReadCtx) -> Result<T>) -> Result<T> {
+    let mut f = Some(f);
+    let r = CTX.try_with(|c| {
+        let f = f.take()?;
+        Some(match c.try_borrow_mut() {
+            Ok(mut g) => {
+                let r = f(&mut g);
+                g.trim();
+                r
+            }
+            Err(_) => f(&mut ReadCtx::new()),
+        })
+    });
+    match (r, f.take()) {
+        (Ok(Some(r)), _) => r,
+        (_, Some(f)) => f(&mut ReadCtx::new()),
+        (_, None) => Err(unsupported("no reader context", None)),
+    }
+}
+
+/// How much of an extent of `span` bytes to decode when the read needs its first
+/// `need` bytes and `cached` are decoded already: rounded up to 64 KiB and at least
+/// double the cached prefix (so reads walking through a big extent stay linear), the
+/// whole extent when that is close anyway.
+fn prefix_len(need: u64, cached: u64, span: u64) -> u64 {
+    let step = 64u64 << 10;
+    let want = need
+        .max(cached.saturating_mul(2))
+        .div_ceil(step)
+        .saturating_mul(step);
+    if want.saturating_mul(4) >= span.saturating_mul(3) {
+        span
+    } else {
+        want.min(span)
+    }
+}
+
+fn to_usize(v: u64, ino: &Inode, e: &ZExtent) -> Result<usize> {
+    usize::try_from(v).map_err(|_| {
+        corrupt(
+            CorruptKind::BadPcluster,
+            Some(ino.nid),
+            Some(e.la),
+            Some(v),
+            "length does not fit in memory",
+        )
+    })
 }
 
 impl<S: Source> Image<S> {
-    /// Decoded bytes of an extent, at least its first `need` bytes (cached). Only a
-    /// prefix is decoded when the read does not need the whole extent (partial
-    /// decoding, as the kernel does); a later read further in decodes a longer prefix,
-    /// at least twice the cached one, so sequential reads stay linear.
-    fn z_extent_bytes(&self, ino: &Inode, e: &ZExtent, need: u64) -> Result<Arc<Vec<u8>>> {
-        let key = (ino.nid, e.la);
-        let span = e.end - e.la;
-        let mut cached = 0u64;
-        if let Some(v) = self.cache.get(key) {
-            if v.len() as u64 >= need.min(span) {
-                return Ok(v);
+    /// The compressed bytes of extent `e` (a pcluster or an inline pcluster). Pclusters
+    /// come from the read-ahead window, reloaded (at most `ahead` bytes, bounded by
+    /// [`RAW_AHEAD_MAX`]) when it does not hold them.
+    fn z_raw<'c>(
+        &self,
+        win: &'c mut RawWin,
+        inline: &'c mut Vec<u8>,
+        ino: &Inode,
+        e: &ZExtent,
+        ahead: u64,
+    ) -> Result<&'c [u8]> {
+        let bad = |v: u64, what| {
+            corrupt(
+                CorruptKind::BadPcluster,
+                Some(ino.nid),
+                Some(e.la),
+                Some(v),
+                what,
+            )
+        };
+        match e.src {
+            ZSrc::Inline { rel, len } => {
+                if len > ferofs_format::PCLUSTER_MAX_SIZE {
+                    return Err(bad(len, "pcluster too large"));
+                }
+                let n = to_usize(len, ino, e)?;
+                inline.clear();
+                inline.resize(n, 0);
+                self.read_inode_meta(ino.nid, rel, inline)?;
+                Ok(&inline[..])
             }
-            cached = v.len() as u64;
+            ZSrc::Pcluster { addr, len } => {
+                if len > ferofs_format::PCLUSTER_MAX_SIZE {
+                    return Err(bad(len, "pcluster too large"));
+                }
+                let end = addr
+                    .checked_add(len)
+                    .filter(|&x| x <= self.len)
+                    .ok_or_else(|| bad(addr, "pcluster beyond the end of the image"))?;
+                let held = win.img == self.id
+                    && addr >= win.at
+                    && end <= win.at.saturating_add(win.buf.len() as u64);
+                if !held {
+                    let bs = u64::from(self.block_size());
+                    let more = ahead
+                        .min(RAW_AHEAD_MAX)
+                        .div_ceil(bs)
+                        .saturating_add(1)
+                        .saturating_mul(bs);
+                    let n = len.max(more).min(self.len - addr);
+                    win.img = 0;
+                    win.buf.clear();
+                    win.buf.resize(to_usize(n, ino, e)?, 0);
+                    self.read_raw(&mut win.buf, addr)?;
+                    win.img = self.id;
+                    win.at = addr;
+                }
+                let o = to_usize(addr - win.at, ino, e)?;
+                let n = to_usize(len, ino, e)?;
+                win.buf
+                    .get(o..o.saturating_add(n))
+                    .ok_or_else(|| bad(addr, "pcluster outside the read window"))
+            }
+            ZSrc::Hole | ZSrc::Fragment { .. } => Err(bad(0, "extent has no pcluster")),
         }
+    }
+
+    /// Decode the first `out.len()` bytes of extent `e` from its stored bytes `raw`
+    /// (`out.len()` < the extent's length: a prefix, partial decoding).
+    fn z_decode(&self, ino: &Inode, e: &ZExtent, raw: &[u8], out: &mut [u8]) -> Result<()> {
+        let span = e.end - e.la;
+        let n = out.len();
+        let partial = (n as u64) < span;
+        let inline = matches!(e.src, ZSrc::Inline { .. });
+        let bad = |kind, v: u64, what| corrupt(kind, Some(ino.nid), Some(e.la), Some(v), what);
+        match e.kind {
+            ZKind::Plain { interlaced } => {
+                let p = raw.len();
+                if p == 0 {
+                    return Err(bad(CorruptKind::BadPcluster, 0, "empty plain pcluster"));
+                }
+                if interlaced && !inline {
+                    // Rotated by la % p: logical byte i is stored at (k + i) % p.
+                    let k = usize::try_from(e.la % p as u64).unwrap_or(0);
+                    let mut from = k;
+                    let mut filled = 0;
+                    // Bounded: every step fills at least one byte (from < p).
+                    while filled < n {
+                        let take = (p - from).min(n - filled);
+                        out[filled..filled + take].copy_from_slice(&raw[from..from + take]);
+                        filled += take;
+                        from = (from + take) % p;
+                    }
+                } else {
+                    if n > p || (!partial && span > p as u64) {
+                        return Err(bad(
+                            CorruptKind::BadPcluster,
+                            n as u64,
+                            "plain extent longer than its pcluster",
+                        ));
+                    }
+                    out.copy_from_slice(&raw[..n]);
+                }
+            }
+            ZKind::Compressed(alg) => {
+                let algo = Algorithm::from_id(alg).ok_or_else(|| {
+                    bad(
+                        CorruptKind::BadLcluster,
+                        u64::from(alg),
+                        "unknown algorithm",
+                    )
+                })?;
+                let avail = if self.sb.has_incompat(INCOMPAT_COMPR_CFGS) {
+                    self.compr.available
+                } else {
+                    1
+                };
+                if avail & (1 << alg) == 0 {
+                    return Err(bad(
+                        CorruptKind::BadLcluster,
+                        u64::from(alg),
+                        "algorithm not declared in the superblock",
+                    ));
+                }
+                let stream = if inline {
+                    raw
+                } else {
+                    // Zero padding in front of the stream (0PADDING).
+                    let z = raw
+                        .iter()
+                        .position(|&b| b != 0)
+                        .ok_or_else(|| bad(CorruptKind::BadPcluster, e.la, "all-zero pcluster"))?;
+                    &raw[z..]
+                };
+                let cfg = DecompressConfig {
+                    lzma_dict: self.compr.lzma_dict_size(),
+                };
+                decompress(algo, stream, out, e.partial_ref || partial, &cfg)
+                    .or_else(|_| decompress(algo, stream, out, true, &cfg))
+                    .map_err(|_| {
+                        bad(
+                            CorruptKind::Decompress,
+                            u64::from(alg),
+                            "pcluster does not decompress",
+                        )
+                    })?;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_span(&self, ino: &Inode, e: &ZExtent) -> Result<u64> {
+        let span = e.end.saturating_sub(e.la);
         if span > MAX_DSIZE {
             return Err(corrupt(
                 CorruptKind::BadLcluster,
@@ -112,127 +296,101 @@ impl<S: Source> Image<S> {
                 "decoded extent larger than 12 MiB",
             ));
         }
-        // Decode a prefix: what is needed, rounded up to 64 KiB and at least double what
-        // was cached; the whole extent when that is close anyway.
-        let mut want = need.max(cached * 2).div_ceil(64 << 10) * (64 << 10);
-        if want * 4 >= span * 3 {
-            want = span;
+        Ok(span)
+    }
+
+    /// At least the first `need` bytes of extent `e`, from or into the shared cache.
+    fn z_shared_prefix(
+        &self,
+        ctx: &mut ReadCtx,
+        ino: &Inode,
+        e: &ZExtent,
+        need: u64,
+    ) -> Result<Bytes> {
+        let span = self.check_span(ino, e)?;
+        let key = (ino.nid, e.la);
+        let mut cached = 0u64;
+        if let Some(v) = self.cache.get(key) {
+            if v.len() as u64 >= need.min(span) {
+                return Ok(v);
+            }
+            cached = v.len() as u64;
         }
-        let n = want.min(span) as usize;
-        let partial = (n as u64) < span;
+        let n = to_usize(prefix_len(need, cached, span), ino, e)?;
         let mut out = vec![0u8; n];
-        let bad = |kind, v: u64, what| corrupt(kind, Some(ino.nid), Some(e.la), Some(v), what);
-        match e.src {
-            ZSrc::Hole => {}
-            ZSrc::Fragment { off } => {
-                let packed = self.packed_inode()?;
-                if ino.nid == packed.nid {
-                    return Err(bad(
-                        CorruptKind::BadPcluster,
-                        off,
-                        "the packed inode cannot use fragments",
-                    ));
-                }
-                // Logical la + i is packed byte off + i.
-                let got = self.read_at(packed, off, &mut out)?;
-                if got != n {
-                    return Err(bad(
-                        CorruptKind::BadPcluster,
-                        off,
-                        "fragment beyond the packed inode",
-                    ));
-                }
-            }
-            ZSrc::Inline { rel, len } | ZSrc::Pcluster { addr: rel, len } => {
-                let inline = matches!(e.src, ZSrc::Inline { .. });
-                if len > ferofs_format::PCLUSTER_MAX_SIZE {
-                    return Err(bad(CorruptKind::BadPcluster, len, "pcluster too large"));
-                }
-                let mut raw = vec![0u8; len as usize];
-                if inline {
-                    self.read_inode_meta(ino.nid, rel, &mut raw)?;
-                } else {
-                    self.read_raw(&mut raw, rel)?;
-                }
-                match e.kind {
-                    ZKind::Plain { interlaced } => {
-                        let p = raw.len();
-                        if p == 0 {
-                            return Err(bad(CorruptKind::BadPcluster, 0, "empty plain pcluster"));
-                        }
-                        if interlaced && !inline {
-                            let k = (e.la % p as u64) as usize;
-                            for (i, b) in out.iter_mut().enumerate() {
-                                *b = raw[(k + i) % p];
-                            }
-                        } else {
-                            if n > p || (!partial && span as usize > p) {
-                                return Err(bad(
-                                    CorruptKind::BadPcluster,
-                                    n as u64,
-                                    "plain extent longer than its pcluster",
-                                ));
-                            }
-                            out.copy_from_slice(&raw[..n]);
-                        }
-                    }
-                    ZKind::Compressed(alg) => {
-                        let algo = Algorithm::from_id(alg).ok_or_else(|| {
-                            bad(
-                                CorruptKind::BadLcluster,
-                                u64::from(alg),
-                                "unknown algorithm",
-                            )
-                        })?;
-                        let avail = if self.sb.has_incompat(INCOMPAT_COMPR_CFGS) {
-                            self.compr.available
-                        } else {
-                            1
-                        };
-                        if avail & (1 << alg) == 0 {
-                            return Err(bad(
-                                CorruptKind::BadLcluster,
-                                u64::from(alg),
-                                "algorithm not declared in the superblock",
-                            ));
-                        }
-                        let stream = if inline {
-                            &raw[..]
-                        } else {
-                            let z = raw.iter().position(|&b| b != 0).ok_or_else(|| {
-                                bad(CorruptKind::BadPcluster, rel, "all-zero pcluster")
-                            })?;
-                            &raw[z..]
-                        };
-                        let cfg = DecompressConfig {
-                            lzma_dict: self.compr.lzma_dict_size(),
-                        };
-                        decompress(algo, stream, &mut out, e.partial_ref || partial, &cfg)
-                            .or_else(|_| decompress(algo, stream, &mut out, true, &cfg))
-                            .map_err(|_| {
-                                bad(
-                                    CorruptKind::Decompress,
-                                    u64::from(alg),
-                                    "pcluster does not decompress",
-                                )
-                            })?;
-                    }
-                }
-            }
-        }
+        let raw = self.z_raw(&mut ctx.raw, &mut ctx.inline, ino, e, 0)?;
+        self.z_decode(ino, e, raw, &mut out)?;
         let v = Arc::new(out);
         self.cache.put(key, v.clone());
         Ok(v)
     }
 
-    pub(crate) fn z_read_at(&self, ino: &Inode, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        let zi = self.zinfo(ino)?;
+    /// Make `ctx.dec` hold at least the first `need` bytes of extent `e`.
+    fn z_ctx_prefix(&self, ctx: &mut ReadCtx, ino: &Inode, e: &ZExtent, need: u64) -> Result<()> {
+        let span = self.check_span(ino, e)?;
+        let key = Some((self.id, ino.nid, e.la));
+        let mut cached = 0u64;
+        if ctx.dec_key == key {
+            cached = ctx.dec.len() as u64;
+            if cached >= need.min(span) {
+                return Ok(());
+            }
+        }
+        let n = to_usize(prefix_len(need, cached, span), ino, e)?;
+        let ReadCtx {
+            raw,
+            inline,
+            dec,
+            dec_key,
+            ..
+        } = ctx;
+        *dec_key = None;
+        dec.clear();
+        dec.resize(n, 0);
+        let r = self.z_raw(raw, inline, ino, e, 0)?;
+        self.z_decode(ino, e, r, dec)?;
+        *dec_key = key;
+        Ok(())
+    }
+
+    /// The map facts of `ino`, computed once per inode in a row.
+    fn ctx_zinfo(&self, ctx: &mut ReadCtx, ino: &Inode) -> Result<ZInfo> {
+        if let Some((img, nid, zi)) = &ctx.zi {
+            if *img == self.id && *nid == ino.nid {
+                return Ok(zi.clone());
+            }
+        }
+        ctx.zi = None;
+        let zi = self.zinfo(&mut ctx.meta, ino)?;
+        ctx.zi = Some((self.id, ino.nid, zi.clone()));
+        Ok(zi)
+    }
+
+    /// Read a compressed file. `shared`: extents needed in part go through the image's
+    /// cache (random readers); otherwise through `ctx` alone.
+    pub(crate) fn z_read(
+        &self,
+        ctx: &mut ReadCtx,
+        shared: bool,
+        ino: &Inode,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        let zi = self.ctx_zinfo(ctx, ino)?;
         let want = buf.len();
         let mut done = 0usize;
         // Bounded: each iteration consumes at least one byte of a non-empty extent.
         while done < want {
-            let pos = offset + done as u64;
-            let e = self.z_map(ino, &zi, pos)?;
+            let pos = offset.checked_add(done as u64).ok_or_else(|| {
+                corrupt(
+                    CorruptKind::BadInodeSize,
+                    Some(ino.nid),
+                    Some(offset),
+                    None,
+                    "read offset overflows",
+                )
+            })?;
+            let e = self.z_map(&mut ctx.meta, ino, &zi, pos)?;
             if pos < e.la || pos >= e.end {
                 return Err(corrupt(
                     CorruptKind::BadLcluster,
@@ -243,45 +401,38 @@ impl<S: Source> Image<S> {
                 ));
             }
             let from = pos - e.la;
-            let n = ((e.end - pos) as usize).min(want - done);
+            let left = want - done;
+            let n = usize::try_from(e.end - pos).map_or(left, |x| x.min(left));
+            let dst = &mut buf[done..done + n];
             match e.src {
                 // Fragments and holes are served directly: no decoded-extent buffer.
-                ZSrc::Hole => buf[done..done + n].fill(0),
-                ZSrc::Fragment { off } => {
-                    let packed = self.packed_inode()?;
-                    if packed.nid == ino.nid {
-                        return Err(corrupt(
-                            CorruptKind::BadPcluster,
-                            Some(ino.nid),
-                            Some(pos),
-                            Some(off),
-                            "the packed inode cannot use fragments",
-                        ));
-                    }
-                    let at = off.checked_add(from).ok_or_else(|| {
+                ZSrc::Hole => dst.fill(0),
+                ZSrc::Fragment { off } => self.z_fragment(ino, pos, off, from, dst)?,
+                _ if from == 0 && n as u64 == e.end - e.la => {
+                    // The whole extent: decode straight into the caller's buffer.
+                    self.check_span(ino, &e)?;
+                    let raw = self.z_raw(&mut ctx.raw, &mut ctx.inline, ino, &e, left as u64)?;
+                    self.z_decode(ino, &e, raw, dst)?;
+                }
+                _ => {
+                    let need = from + n as u64;
+                    let f = to_usize(from, ino, &e)?;
+                    let src = if shared {
+                        let v = self.z_shared_prefix(ctx, ino, &e, need)?;
+                        copy_from(dst, &v, f)
+                    } else {
+                        self.z_ctx_prefix(ctx, ino, &e, need)?;
+                        copy_from(dst, &ctx.dec, f)
+                    };
+                    src.ok_or_else(|| {
                         corrupt(
                             CorruptKind::BadPcluster,
                             Some(ino.nid),
                             Some(pos),
-                            Some(off),
-                            "fragment offset overflows",
+                            Some(need),
+                            "decoded extent shorter than needed",
                         )
                     })?;
-                    let got = self.read_at(packed, at, &mut buf[done..done + n])?;
-                    if got != n {
-                        return Err(corrupt(
-                            CorruptKind::BadPcluster,
-                            Some(ino.nid),
-                            Some(pos),
-                            Some(off),
-                            "fragment beyond the packed inode",
-                        ));
-                    }
-                }
-                _ => {
-                    let bytes = self.z_extent_bytes(ino, &e, from + n as u64)?;
-                    let from = from as usize;
-                    buf[done..done + n].copy_from_slice(&bytes[from..from + n]);
                 }
             }
             done += n;
@@ -289,12 +440,42 @@ impl<S: Source> Image<S> {
         Ok(want)
     }
 
+    fn z_fragment(&self, ino: &Inode, pos: u64, off: u64, from: u64, dst: &mut [u8]) -> Result<()> {
+        let bad = |what| {
+            corrupt(
+                CorruptKind::BadPcluster,
+                Some(ino.nid),
+                Some(pos),
+                Some(off),
+                what,
+            )
+        };
+        let packed = self.packed_inode()?;
+        if packed.nid == ino.nid {
+            return Err(bad("the packed inode cannot use fragments"));
+        }
+        let at = off
+            .checked_add(from)
+            .ok_or_else(|| bad("fragment offset overflows"))?;
+        let got = self.read_at(packed, at, dst)?;
+        if got != dst.len() {
+            return Err(bad("fragment beyond the packed inode"));
+        }
+        Ok(())
+    }
+
+    /// [`Image::read_at`] for compressed files: this thread's context, shared cache.
+    pub(crate) fn z_read_at(&self, ino: &Inode, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        with_thread_ctx(|ctx| self.z_read(ctx, true, ino, offset, buf))
+    }
+
     pub(crate) fn z_extents(&self, ino: &Inode) -> Result<Vec<Extent>> {
-        let zi = self.zinfo(ino)?;
+        let mut m = MetaWin::default();
+        let zi = self.zinfo(&mut m, ino)?;
         let mut v = Vec::new();
         let mut pos = 0u64;
         while pos < ino.size && v.len() < 1 << 20 {
-            let e = self.z_map(ino, &zi, pos)?;
+            let e = self.z_map(&mut m, ino, &zi, pos)?;
             if e.end <= pos {
                 break;
             }
@@ -323,4 +504,23 @@ impl<S: Source> Image<S> {
         }
         Ok(v)
     }
+
+    /// Whether logical offset `pos` of a compressed file lies in a hole; the end of that
+    /// hole if so.
+    pub(crate) fn z_hole_end(
+        &self,
+        ctx: &mut ReadCtx,
+        ino: &Inode,
+        pos: u64,
+    ) -> Result<Option<u64>> {
+        let zi = self.ctx_zinfo(ctx, ino)?;
+        let e = self.z_map(&mut ctx.meta, ino, &zi, pos)?;
+        Ok(matches!(e.src, ZSrc::Hole).then_some(e.end))
+    }
+}
+
+/// `dst` from `src[from..]`; None when `src` is too short.
+fn copy_from(dst: &mut [u8], src: &[u8], from: usize) -> Option<()> {
+    dst.copy_from_slice(src.get(from..from.checked_add(dst.len())?)?);
+    Some(())
 }

@@ -75,15 +75,79 @@ struct Lc {
 /// Largest decoded extent the kernel accepts.
 const MAX_DSIZE: u64 = 12 << 20;
 
+/// Bytes of inode metadata (map header, lcluster indexes, extent records) read at once.
+const META_WIN: u64 = 16 << 10;
+
+/// A window over image bytes holding inode metadata, so that mapping a run of extents
+/// costs one positional read per window instead of one per lcluster entry. Keyed by the
+/// image's id (0: empty); the image is read-only, so a window stays valid.
+#[derive(Debug, Default)]
+pub(crate) struct MetaWin {
+    img: u64,
+    start: u64,
+    buf: Vec<u8>,
+}
+
 impl<S: Source> Image<S> {
+    /// [`Image::read_inode_meta`] through the window `m`. Inodes in the metabox and
+    /// reads larger than a quarter window go straight through.
+    pub(crate) fn meta_read(
+        &self,
+        m: &mut MetaWin,
+        nid: u64,
+        rel: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let (pos, in_metabox) = self.inode_pos(nid)?;
+        let len = out.len() as u64;
+        let at = match pos.checked_add(rel) {
+            Some(at) if !in_metabox && len <= META_WIN / 4 => at,
+            _ => return self.read_inode_meta(nid, rel, out),
+        };
+        let end = at.saturating_add(len);
+        let held =
+            m.img == self.id && at >= m.start && end <= m.start.saturating_add(m.buf.len() as u64);
+        if !held {
+            // From the start of the 4 KiB block holding `at` (walks go back as well as
+            // forward); a read reaching beyond the image gets read_inode_meta's error.
+            let start = at & !4095;
+            let stop = start.saturating_add(META_WIN).min(self.len);
+            if stop < end {
+                return self.read_inode_meta(nid, rel, out);
+            }
+            let n = usize::try_from(stop - start).unwrap_or(0);
+            m.img = 0;
+            m.buf.clear();
+            m.buf.resize(n, 0);
+            self.read_raw(&mut m.buf, start)?;
+            m.img = self.id;
+            m.start = start;
+        }
+        let o = usize::try_from(at - m.start).unwrap_or(usize::MAX);
+        let src = o
+            .checked_add(out.len())
+            .and_then(|e| m.buf.get(o..e))
+            .ok_or_else(|| {
+                corrupt(
+                    CorruptKind::NidOutOfRange,
+                    Some(nid),
+                    Some(at),
+                    Some(len),
+                    "metadata window miss",
+                )
+            })?;
+        out.copy_from_slice(src);
+        Ok(())
+    }
+
     fn zerr(&self, ino: &Inode, kind: CorruptKind, v: u64, what: &'static str) -> Error {
         corrupt(kind, Some(ino.nid), None, Some(v), what)
     }
 
-    pub(crate) fn zinfo(&self, ino: &Inode) -> Result<ZInfo> {
+    pub(crate) fn zinfo(&self, m: &mut MetaWin, ino: &Inode) -> Result<ZInfo> {
         let hdr = (ino.meta_size + 7) & !7;
         let mut hb = [0u8; MAP_HEADER_SIZE];
-        self.read_inode_meta(ino.nid, hdr, &mut hb)?;
+        self.meta_read(m, ino.nid, hdr, &mut hb)?;
         let h = MapHeader::parse(&hb);
         let compact = ino.layout == DataLayout::CompressedCompact;
         let mut zi = ZInfo {
@@ -162,7 +226,7 @@ impl<S: Source> Image<S> {
             zi.fragment_off = Some(u64::from(h.fragment_off()));
         }
         if zi.inline.is_some() || zi.fragment_off.is_some() {
-            let (head, lc) = self.find_head(ino, &zi, ino.size - 1)?;
+            let (head, lc) = self.find_head(m, ino, &zi, ino.size - 1)?;
             zi.tail_head = Some(head);
             if !compact {
                 if let Some(f) = zi.fragment_off.as_mut() {
@@ -193,7 +257,7 @@ impl<S: Source> Image<S> {
         }
     }
 
-    fn load_lcluster(&self, ino: &Inode, zi: &ZInfo, lcn: u64) -> Result<Lc> {
+    fn load_lcluster(&self, m: &mut MetaWin, ino: &Inode, zi: &ZInfo, lcn: u64) -> Result<Lc> {
         if lcn >= zi.nlclusters {
             return Err(self.zerr(
                 ino,
@@ -205,7 +269,7 @@ impl<S: Source> Image<S> {
         let e = zi.hdr + MAP_HEADER_SIZE as u64;
         if !zi.compact {
             let mut b = [0u8; FULL_INDEX_SIZE];
-            self.read_inode_meta(ino.nid, e + 8 + FULL_INDEX_SIZE as u64 * lcn, &mut b)?;
+            self.meta_read(m, ino.nid, e + 8 + FULL_INDEX_SIZE as u64 * lcn, &mut b)?;
             let fi = FullIndex::parse(&b);
             let ty = fi.lcluster_type();
             let (delta0, cblkcnt) = if ty == LCLUSTER_TYPE_NONHEAD {
@@ -251,7 +315,7 @@ impl<S: Source> Image<S> {
         };
         let pack_len = per * bits as usize / 8 + 4;
         let mut pack = [0u8; 32];
-        self.read_inode_meta(ino.nid, pack_off, &mut pack[..pack_len])?;
+        self.meta_read(m, ino.nid, pack_off, &mut pack[..pack_len])?;
         let lobits = u32::from(zi.lbits).max(12);
         let decode = |j: usize| -> (u8, u16) {
             let bitpos = j * bits as usize;
@@ -354,11 +418,11 @@ impl<S: Source> Image<S> {
     }
 
     /// The head lcluster of the extent holding logical offset `x`.
-    fn find_head(&self, ino: &Inode, zi: &ZInfo, x: u64) -> Result<(u64, Lc)> {
+    fn find_head(&self, m: &mut MetaWin, ino: &Inode, zi: &ZInfo, x: u64) -> Result<(u64, Lc)> {
         let lsz = 1u64 << zi.lbits;
         let mut lcn = x >> zi.lbits;
         let ofs = x & (lsz - 1);
-        let mut lc = self.load_lcluster(ino, zi, lcn)?;
+        let mut lc = self.load_lcluster(m, ino, zi, lcn)?;
         if lc.ty != LCLUSTER_TYPE_NONHEAD && u64::from(lc.clusterofs) <= ofs {
             return Ok((lcn, lc));
         }
@@ -373,7 +437,7 @@ impl<S: Source> Image<S> {
                 ));
             }
             lcn -= 1;
-            lc = self.load_lcluster(ino, zi, lcn)?;
+            lc = self.load_lcluster(m, ino, zi, lcn)?;
         }
         // Walk back along delta[0]; every step goes back at least one lcluster.
         let mut steps = 0u64;
@@ -384,7 +448,7 @@ impl<S: Source> Image<S> {
             }
             lcn -= d;
             steps += 1;
-            lc = self.load_lcluster(ino, zi, lcn)?;
+            lc = self.load_lcluster(m, ino, zi, lcn)?;
         }
         if u64::from(lc.clusterofs) >= lsz {
             return Err(self.zerr(
@@ -398,7 +462,13 @@ impl<S: Source> Image<S> {
     }
 
     /// Map the extent holding logical offset `x` (< size).
-    pub(crate) fn z_map(&self, ino: &Inode, zi: &ZInfo, x: u64) -> Result<ZExtent> {
+    pub(crate) fn z_map(
+        &self,
+        m: &mut MetaWin,
+        ino: &Inode,
+        zi: &ZInfo,
+        x: u64,
+    ) -> Result<ZExtent> {
         if let Some(off) = zi.whole_fragment {
             return Ok(ZExtent {
                 la: 0,
@@ -409,17 +479,17 @@ impl<S: Source> Image<S> {
             });
         }
         if zi.extents {
-            return self.z_map_records(ino, zi, x);
+            return self.z_map_records(m, ino, zi, x);
         }
         let lsz = 1u64 << zi.lbits;
         let bs = 1u64 << self.blkszbits;
-        let (head, lc) = self.find_head(ino, zi, x)?;
+        let (head, lc) = self.find_head(m, ino, zi, x)?;
         let la = (head << zi.lbits) + u64::from(lc.clusterofs);
         // Extent end: the next head (its clusterofs) or the end of the file.
         let mut end = ino.size;
         let mut k = head + 1;
         while k < zi.nlclusters {
-            let n = self.load_lcluster(ino, zi, k)?;
+            let n = self.load_lcluster(m, ino, zi, k)?;
             if n.ty != LCLUSTER_TYPE_NONHEAD {
                 end = ((k << zi.lbits) + u64::from(n.clusterofs)).min(ino.size);
                 break;
@@ -462,7 +532,7 @@ impl<S: Source> Image<S> {
         };
         let mut blocks = 1u64;
         if big && head + 1 < zi.nlclusters {
-            let n = self.load_lcluster(ino, zi, head + 1)?;
+            let n = self.load_lcluster(m, ino, zi, head + 1)?;
             if n.ty == LCLUSTER_TYPE_NONHEAD {
                 match n.cblkcnt {
                     Some(c) if c > 0 => blocks = u64::from(c),
@@ -513,17 +583,19 @@ impl<S: Source> Image<S> {
     }
 
     /// Encoded extents (48-bit layout): records instead of lcluster indexes.
-    fn z_map_records(&self, ino: &Inode, zi: &ZInfo, x: u64) -> Result<ZExtent> {
+    fn z_map_records(&self, m: &mut MetaWin, ino: &Inode, zi: &ZInfo, x: u64) -> Result<ZExtent> {
         let recsz = 4u64 << ((zi.advise >> 1) & 3);
         let start = (zi.hdr + MAP_HEADER_SIZE as u64).div_ceil(recsz) * recsz;
-        let rec = |i: u64| -> Result<[u32; 5]> {
+        let rec = |m: &mut MetaWin, i: u64| -> Result<[u32; 5]> {
             let mut b = [0u8; 20];
             let n = recsz.min(20) as usize;
-            self.read_inode_meta(
-                ino.nid,
-                start + i * recsz + if recsz == 4 { 8 } else { 0 },
-                &mut b[..n],
-            )?;
+            let at = i
+                .checked_mul(recsz)
+                .and_then(|x| x.checked_add(start + if recsz == 4 { 8 } else { 0 }))
+                .ok_or_else(|| {
+                    self.zerr(ino, CorruptKind::BadLcluster, i, "record offset overflows")
+                })?;
+            self.meta_read(m, ino.nid, at, &mut b[..n])?;
             let w = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
             Ok([w(0), w(4), w(8), w(12), w(16)])
         };
@@ -544,15 +616,15 @@ impl<S: Source> Image<S> {
             let (mut lo, mut hi) = (0u64, count);
             while hi - lo > 1 {
                 let mid = lo + (hi - lo) / 2;
-                if lstart(&rec(mid)?) <= x {
+                if lstart(&rec(m, mid)?) <= x {
                     lo = mid;
                 } else {
                     hi = mid;
                 }
             }
-            let r = rec(lo)?;
+            let r = rec(m, lo)?;
             let end = if lo + 1 < count {
-                lstart(&rec(lo + 1)?)
+                lstart(&rec(m, lo + 1)?)
             } else {
                 ino.size
             };
@@ -564,7 +636,7 @@ impl<S: Source> Image<S> {
             )
         } else if recsz == 8 {
             let lcn = x >> zi.lbits;
-            let r = rec(lcn)?;
+            let r = rec(m, lcn)?;
             let la = lcn << zi.lbits;
             (
                 la,
@@ -575,7 +647,7 @@ impl<S: Source> Image<S> {
         } else {
             let lcn = x >> zi.lbits;
             let mut b = [0u8; 8];
-            self.read_inode_meta(ino.nid, start, &mut b)?;
+            self.meta_read(m, ino.nid, start, &mut b)?;
             let mut pa = u64::from_le_bytes(b);
             if lcn > zi.nlclusters {
                 return Err(self.zerr(
@@ -586,10 +658,15 @@ impl<S: Source> Image<S> {
                 ));
             }
             for i in 0..lcn {
-                pa = pa.saturating_add(u64::from(rec(i)?[0] & 0x1F_FFFF));
+                pa = pa.saturating_add(u64::from(rec(m, i)?[0] & 0x1F_FFFF));
             }
             let la = lcn << zi.lbits;
-            (la, (la + (1 << zi.lbits)).min(ino.size), rec(lcn)?[0], pa)
+            (
+                la,
+                (la + (1 << zi.lbits)).min(ino.size),
+                rec(m, lcn)?[0],
+                pa,
+            )
         };
         if end <= la || x < la {
             return Err(self.zerr(ino, CorruptKind::BadLcluster, la, "bad extent record"));

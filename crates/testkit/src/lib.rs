@@ -207,7 +207,10 @@ pub fn golden(rel: &str) -> PathBuf {
     if dst.exists() {
         return dst;
     }
-    let tmp = dir.join(format!("{name}.tmp{}", std::process::id()));
+    // Unique per call: tests of one process may decompress the same image at once.
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!("{name}.tmp{}.{seq}", std::process::id()));
     {
         let input =
             std::fs::File::open(&src).unwrap_or_else(|e| panic!("open {}: {e}", src.display()));
@@ -217,6 +220,7 @@ pub fn golden(rel: &str) -> PathBuf {
         std::io::copy(&mut dec, &mut out)
             .unwrap_or_else(|e| panic!("decompress {}: {e}", src.display()));
     }
+    // Another test may have won the race: its rename left the same bytes.
     std::fs::rename(&tmp, &dst).expect("rename golden");
     dst
 }

@@ -81,10 +81,6 @@ pub fn run(a: ExtractArgs) -> Result<()> {
         fs::create_dir_all(&a.out).with_context(|| format!("create {}", a.out.display()))?;
     }
 
-    if top.nid == img.root_nid() {
-        prefetch(&a.image);
-    }
-
     // 1. Walk once: collect every entry, resolve hardlinks to their first path.
     let mut entries: Vec<Entry> = Vec::new();
     let mut first_path: HashMap<u64, Vec<u8>> = HashMap::new();
@@ -231,24 +227,6 @@ impl Ownership {
         self.trust_new && ino.mode & 0o7000 == 0 && (a.no_owner || !self.needs_chown(ino))
     }
 }
-
-/// Whole-image extraction reads nearly every block of the image: ask the kernel to read
-/// it ahead (asynchronously, from another thread, so walking the tree starts at once)
-/// instead of faulting it in with many small synchronous reads. Advisory: failures are
-/// ignored, and images larger than [`PREFETCH_MAX`] are left to normal readahead.
-fn prefetch(image: &Path) {
-    let image = image.to_path_buf();
-    std::thread::spawn(move || {
-        if let Ok(f) = fs::File::open(&image) {
-            if f.metadata().is_ok_and(|m| m.len() <= PREFETCH_MAX) {
-                let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::WillNeed);
-            }
-        }
-    });
-}
-
-/// Largest image [`prefetch`] asks the kernel to read ahead whole.
-const PREFETCH_MAX: u64 = 4 << 30;
 
 /// Largest read and write of file data.
 const CHUNK: usize = 1 << 20;

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use xattr::FileExt as _;
 
@@ -121,11 +121,18 @@ pub fn run(a: ExtractArgs) -> Result<()> {
         });
     }
 
+    // Modes are set explicitly: files are created with their final mode where possible
+    // (saves a chmod each), directories 0700 until their metadata is applied at the end.
+    rustix::process::umask(rustix::fs::Mode::empty());
+
     // 2. Directories (0700 while we fill them).
     for e in entries.iter().filter(|e| e.ino.is_dir()) {
         let p = join(&a.out, &e.rel);
         if !e.rel.is_empty() {
-            fs::create_dir(&p).with_context(|| format!("create directory {}", p.display()))?;
+            fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&p)
+                .with_context(|| format!("create directory {}", p.display()))?;
         }
     }
 
@@ -213,10 +220,21 @@ impl Ownership {
     fn needs_chown(self, ino: &Inode) -> bool {
         !(self.trust_new && ino.uid == self.uid && ino.gid == self.gid)
     }
+    /// Whether creating the file with its final mode is enough: a new file, no
+    /// setuid/setgid/sticky bit (a later chown would clear them, and a write may), and
+    /// no chown to come.
+    fn mode_at_create(self, ino: &Inode, a: &ExtractArgs) -> bool {
+        self.trust_new && ino.mode & 0o7000 == 0 && (a.no_owner || !self.needs_chown(ino))
+    }
 }
 
 /// Largest read and write of file data.
 const CHUNK: usize = 1 << 20;
+
+/// Granularity of hole detection in written data: a file block of zeros is not written
+/// (as `cp --sparse=always` does), so sparse files stay sparse even where the image
+/// stores their zeros as data (mkfs.erofs compresses them).
+const SPARSE_BLOCK: u64 = 4096;
 
 /// Per-thread state of the file writers.
 struct Worker {
@@ -233,16 +251,22 @@ impl Worker {
     }
 
     /// Write one regular file: data with positional writes (holes of the image's mapping
-    /// and all-zero chunks are skipped, so sparse files stay sparse; the size is set at
-    /// the end), then its metadata through the descriptor.
+    /// are skipped without reading them, all-zero blocks are not written, so sparse
+    /// files stay sparse; the size is set at the end), then its metadata through the
+    /// descriptor.
     fn file(&mut self, img: &Image, e: &Entry, a: &ExtractArgs, own: Ownership) -> Result<()> {
         let p = join(&a.out, &e.rel);
         let ino = &e.ino;
+        let direct_mode = own.mode_at_create(ino, a);
         let f = fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
-            .mode(0o600)
+            .mode(if direct_mode {
+                u32::from(ino.mode & 0o777)
+            } else {
+                0o600
+            })
             .open(&p)
             .with_context(|| format!("create {}", p.display()))?;
         let want = usize::try_from(ino.size).map_or(CHUNK, |s| s.min(CHUNK));
@@ -273,12 +297,30 @@ impl Worker {
                     ino.size
                 );
             }
-            let chunk = &self.buf[..n];
             let end = off + n as u64;
-            if chunk.iter().any(|&b| b != 0) {
-                f.write_all_at(chunk, off)
-                    .with_context(|| format!("write {}", p.display()))?;
-                written = end;
+            // Write the runs of blocks that are not all zeros, one write per run.
+            let mut run: Option<usize> = None;
+            let mut i = 0usize;
+            // Bounded: every step moves `i` to the next block boundary or the end.
+            while i <= n {
+                let j = if i == n {
+                    n + 1
+                } else {
+                    let next = ((off + i as u64) / SPARSE_BLOCK + 1) * SPARSE_BLOCK - off;
+                    usize::try_from(next).map_or(n, |x| x.min(n))
+                };
+                let zero = i == n || self.buf[i..j].iter().all(|&b| b == 0);
+                match (zero, run) {
+                    (false, None) => run = Some(i),
+                    (true, Some(s)) => {
+                        f.write_all_at(&self.buf[s..i], off + s as u64)
+                            .with_context(|| format!("write {}", p.display()))?;
+                        written = off + i as u64;
+                        run = None;
+                    }
+                    _ => {}
+                }
+                i = j;
             }
             off = end;
         }
@@ -299,8 +341,10 @@ impl Worker {
             }
         }
         // After chown: chown clears setuid/setgid.
-        f.set_permissions(fs::Permissions::from_mode(u32::from(ino.mode & 0o7777)))
-            .with_context(ctx)?;
+        if !direct_mode {
+            f.set_permissions(fs::Permissions::from_mode(u32::from(ino.mode & 0o7777)))
+                .with_context(ctx)?;
+        }
         rustix::fs::futimens(&f, &timestamps(ino)).with_context(ctx)?;
         Ok(())
     }

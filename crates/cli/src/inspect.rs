@@ -174,6 +174,7 @@ pub fn check(image: &Path, verbose: bool) -> Result<()> {
     let mut bytes = 0u64;
     let mut refs: HashMap<u64, (u32, u64)> = HashMap::new();
     let mut buf = vec![0u8; 1 << 20];
+    let mut ctx = ferofs_reader::ReadCtx::new();
     let mut err = std::io::stderr().lock();
     img.walk(|path, ino| {
         entries += 1;
@@ -188,7 +189,7 @@ pub fn check(image: &Path, verbose: bool) -> Result<()> {
         } else if ino.is_regular() {
             let mut off = 0u64;
             while off < ino.size {
-                let n = img.read_at(ino, off, &mut buf)?;
+                let n = img.read_at_with(&mut ctx, ino, off, &mut buf)?;
                 if n == 0 {
                     return Err(ferofs_reader::Error::short_read(ino.nid, off, ino.size));
                 }

@@ -104,10 +104,11 @@ pub fn cat(image: &Path, path: &str) -> Result<()> {
         return Ok(());
     }
     let mut buf = vec![0u8; 1 << 20];
+    let mut ctx = ferofs_reader::ReadCtx::new();
     let mut off = 0u64;
     while off < ino.size {
         let n = img
-            .read_at(&ino, off, &mut buf)
+            .read_at_with(&mut ctx, &ino, off, &mut buf)
             .with_context(|| format!("{path}: read at offset {off}"))?;
         if n == 0 {
             anyhow::bail!(

@@ -27,6 +27,20 @@ fn make_tree_kernel_fsck_extract() {
     let x = fs.path().join("extracted");
     ok(&[&"extract", &img, &x]);
     assert_same_tree(&tree, &x);
+    // Sparse files stay sparse: only the data extents are allocated.
+    for (f, most) in [
+        ("data/sparse-100MiB.img", 1u64 << 20),
+        ("data/sparse-hole-only.img", 0),
+        ("data/sparse-tail-hole.img", 128 << 10),
+    ] {
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::metadata(x.join(f)).expect("stat");
+        assert!(
+            md.blocks() * 512 <= most,
+            "{f}: {} bytes allocated",
+            md.blocks() * 512
+        );
+    }
     let out = ok(&[&"check", &img]);
     assert!(
         out.starts_with("ok: 3240 entries, 122974063 bytes"),

@@ -34,11 +34,13 @@ const RAW_AHEAD_MAX: u64 = 1 << 20;
 /// Buffers above this are released after a read through the library's own context.
 const KEEP_CAPACITY: usize = 4 << 20;
 
-/// Image bytes `[at, at + buf.len())`, valid for the image with id `img` (0: none).
+/// Image bytes `[at, at + len)` in `buf[..len]`, valid for the image with id `img` (0:
+/// none). `buf` only grows (up to the largest window), so a reload does not zero it.
 #[derive(Debug, Default)]
 struct RawWin {
     img: u64,
     at: u64,
+    len: usize,
     buf: Vec<u8>,
 }
 
@@ -71,6 +73,7 @@ impl ReadCtx {
         }
         if self.raw.buf.is_empty() {
             self.raw.img = 0;
+            self.raw.len = 0;
         }
         if self.dec.is_empty() {
             self.dec_key = None;
@@ -160,7 +163,6 @@ impl<S: Source> Image<S> {
                     return Err(bad(len, "pcluster too large"));
                 }
                 let n = to_usize(len, ino, e)?;
-                inline.clear();
                 inline.resize(n, 0);
                 self.read_inode_meta(ino.nid, rel, inline)?;
                 Ok(&inline[..])
@@ -175,7 +177,7 @@ impl<S: Source> Image<S> {
                     .ok_or_else(|| bad(addr, "pcluster beyond the end of the image"))?;
                 let held = win.img == self.id
                     && addr >= win.at
-                    && end <= win.at.saturating_add(win.buf.len() as u64);
+                    && end <= win.at.saturating_add(win.len as u64);
                 if !held {
                     let bs = u64::from(self.block_size());
                     let more = ahead
@@ -184,16 +186,19 @@ impl<S: Source> Image<S> {
                         .saturating_add(1)
                         .saturating_mul(bs);
                     let n = len.max(more).min(self.len - addr);
+                    let n = to_usize(n, ino, e)?;
                     win.img = 0;
-                    win.buf.clear();
-                    win.buf.resize(to_usize(n, ino, e)?, 0);
-                    self.read_raw(&mut win.buf, addr)?;
+                    if win.buf.len() < n {
+                        win.buf.resize(n, 0);
+                    }
+                    self.read_raw(&mut win.buf[..n], addr)?;
                     win.img = self.id;
                     win.at = addr;
+                    win.len = n;
                 }
                 let o = to_usize(addr - win.at, ino, e)?;
                 let n = to_usize(len, ino, e)?;
-                win.buf
+                win.buf[..win.len]
                     .get(o..o.saturating_add(n))
                     .ok_or_else(|| bad(addr, "pcluster outside the read window"))
             }
@@ -345,7 +350,7 @@ impl<S: Source> Image<S> {
             ..
         } = ctx;
         *dec_key = None;
-        dec.clear();
+        // No clear: the decoder overwrites all n bytes, only growth is zeroed.
         dec.resize(n, 0);
         let r = self.z_raw(raw, inline, ino, e, 0)?;
         self.z_decode(ino, e, r, dec)?;

@@ -117,7 +117,6 @@ impl<S: Source> Image<S> {
             }
             let n = usize::try_from(stop - start).unwrap_or(0);
             m.img = 0;
-            m.buf.clear();
             m.buf.resize(n, 0);
             self.read_raw(&mut m.buf, start)?;
             m.img = self.id;

@@ -44,7 +44,7 @@ mod write;
 pub mod xattrs;
 pub mod zdata;
 
-pub use options::{BuildError, BuildOptions, BuildReport, UuidChoice};
+pub use options::{BuildError, BuildOptions, BuildReport, Fragments, UuidChoice};
 pub use zdata::{parse_hints, Compression, Hint};
 
 use options::Result;

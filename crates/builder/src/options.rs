@@ -42,6 +42,29 @@ pub struct BuildOptions {
     pub fsync: bool,
     /// None: uncompressed. The CLI defaults to lz4hc level 9 with 4 KiB pclusters.
     pub compression: Option<crate::zdata::Compression>,
+    /// `-E fragments` / `-E all-fragments`: tails (or whole files) in the packed inode.
+    /// Needs compression.
+    pub fragments: Fragments,
+    /// `-E dedupe`: identical data stored once.
+    pub dedupe: bool,
+    /// `-m`: inodes in a compressed metabox inode (Linux 6.17+).
+    pub metabox: bool,
+    /// Bytes of file data done so far (the CLI's progress bar reads it).
+    pub progress: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+}
+
+/// Which file data goes into the packed inode (`-E fragments`, `-E all-fragments`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fragments {
+    #[default]
+    Off,
+    /// The tail extent of every compressed file; files no longer than one pcluster whole.
+    Tails {
+        /// The packed inode's pcluster size (0: the image's).
+        pcluster_size: u32,
+    },
+    /// Every regular file whole.
+    All { pcluster_size: u32 },
 }
 
 impl Default for BuildOptions {
@@ -62,6 +85,10 @@ impl Default for BuildOptions {
             threads: 0,
             compression: None,
             fsync: false,
+            fragments: Fragments::Off,
+            dedupe: false,
+            metabox: false,
+            progress: None,
         }
     }
 }
@@ -79,6 +106,21 @@ impl BuildOptions {
         if let Some(l) = &o.label {
             if l.len() > 15 {
                 return Err(BuildError::Options("label longer than 15 bytes".into()));
+            }
+        }
+        if o.fragments != Fragments::Off && o.compression.is_none() {
+            return Err(BuildError::Options(
+                "fragments need compression (the packed inode is compressed)".into(),
+            ));
+        }
+        if let Fragments::Tails { pcluster_size: p } | Fragments::All { pcluster_size: p } =
+            o.fragments
+        {
+            if p != 0 && (p % o.block_size != 0 || p > 1 << 20) {
+                return Err(BuildError::Options(format!(
+                    "fragments pcluster size {p}: a multiple of the block size ({}), at most 1 MiB",
+                    o.block_size
+                )));
             }
         }
         if let Some(c) = &o.compression {
@@ -157,4 +199,12 @@ pub struct BuildReport {
     pub blocks: u64,
     pub uuid: [u8; 16],
     pub build_time: i64,
+    /// File bytes not stored again because they duplicate data already in the image
+    /// (whole files and pclusters, `-E dedupe`).
+    pub dedupe_saved: u64,
+    /// File bytes stored as fragments in the packed inode.
+    pub fragment_bytes: u64,
+    /// Image bytes saved by fragments: the blocks the fragments would have taken as
+    /// ordinary pclusters or blocks, less what the packed inode takes.
+    pub fragments_saved: u64,
 }

@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ferofs_builder::{parse_hints, BuildOptions, Compression, UuidChoice};
+use ferofs_builder::{parse_hints, BuildOptions, Compression, Fragments, UuidChoice};
 use ferofs_compress::CompressorSpec;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -59,8 +59,12 @@ pub struct BuildArgs {
     /// Per-file compression policy file (mkfs.erofs format: `PCLUSTER [ALG_INDEX] REGEX`).
     #[arg(long, value_name = "FILE")]
     compress_hints: Option<PathBuf>,
-    /// Extended options, comma-separated: `noinline_data` (or `^inline_data`),
-    /// `ztailpacking` (compressed tails inline behind the inode).
+    /// Extended options, comma-separated, later ones win, `^` negates:
+    /// `ztailpacking` (compressed tails inline behind the inode), `fragments[=BYTES]`
+    /// (compressed tails and small files packed together in the packed inode; BYTES: its
+    /// pcluster size), `all-fragments[=BYTES]` (every file in the packed inode), `dedupe`
+    /// (identical data stored once), `noinline_data` (= `^inline_data`), and the preset
+    /// `smallest` (= `ztailpacking,fragments,dedupe`: the smallest image Linux 6.1+ mounts).
     #[arg(short = 'E', value_name = "OPTS")]
     extended: Vec<String>,
     /// Worker threads (0 = all cores). Output is identical for any value.
@@ -126,17 +130,11 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
             );
         }
     }
-    let mut ztail = false;
-    for opt in a.extended.iter().flat_map(|e| e.split(',')) {
-        match opt {
-            "noinline_data" | "^inline_data" => o.inline_data = false,
-            "ztailpacking" => ztail = true,
-            "^ztailpacking" => ztail = false,
-            "inline_data" => o.inline_data = true,
-            "" => {}
-            other => bail!("-E: unknown extended option {other:?}"),
-        }
-    }
+    let ext = parse_extended(&a.extended)?;
+    let ztail = ext.ztailpacking;
+    o.inline_data = ext.inline_data;
+    o.dedupe = ext.dedupe;
+    o.fragments = ext.fragments;
     o.threads = a.threads;
     o.fsync = a.fsync;
     if a.compress != "none" {
@@ -156,8 +154,14 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
             c.hints = parse_hints(&text, h)?;
         }
         o.compression = Some(c);
-    } else if a.pcluster_size.is_some() || a.compress_hints.is_some() || ztail {
-        bail!("-C, --compress-hints and -E ztailpacking need compression (not -z none)");
+    } else if a.pcluster_size.is_some()
+        || a.compress_hints.is_some()
+        || ztail
+        || o.fragments != Fragments::Off
+    {
+        bail!(
+            "-C, --compress-hints, -E ztailpacking and -E fragments need compression (not -z none)"
+        );
     }
     Ok(o)
 }
@@ -177,4 +181,128 @@ pub fn run(a: BuildArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The `-E` options, as mkfs.erofs spells them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Extended {
+    pub inline_data: bool,
+    pub ztailpacking: bool,
+    pub fragments: Fragments,
+    pub dedupe: bool,
+}
+
+/// Parse every `-E` argument in order: comma-separated options, `^` (or `no` for
+/// `inline_data`) to negate, later options override earlier ones.
+pub fn parse_extended(args: &[String]) -> Result<Extended> {
+    let mut e = Extended {
+        inline_data: true,
+        ztailpacking: false,
+        fragments: Fragments::Off,
+        dedupe: false,
+    };
+    for opt in args.iter().flat_map(|a| a.split(',')) {
+        let (neg, body) = match opt.strip_prefix('^') {
+            Some(b) => (true, b),
+            None => (false, opt),
+        };
+        let (name, value) = match body.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (body, None),
+        };
+        let size = || -> Result<u32> {
+            match value {
+                None => Ok(0),
+                Some(v) => v
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .with_context(|| format!("-E {name}={v}: a pcluster size in bytes")),
+            }
+        };
+        if neg && value.is_some() {
+            bail!("-E {opt}: a negated option takes no value");
+        }
+        if value.is_some() && !matches!(name, "fragments" | "all-fragments") {
+            bail!("-E {opt}: {name} takes no value");
+        }
+        match name {
+            "" if !neg => {}
+            "inline_data" => e.inline_data = !neg,
+            "noinline_data" if !neg => e.inline_data = false,
+            "ztailpacking" => e.ztailpacking = !neg,
+            "dedupe" => e.dedupe = !neg,
+            "fragments" if neg => {
+                if matches!(e.fragments, Fragments::Tails { .. }) {
+                    e.fragments = Fragments::Off;
+                }
+            }
+            "all-fragments" if neg => {
+                if matches!(e.fragments, Fragments::All { .. }) {
+                    e.fragments = Fragments::Off;
+                }
+            }
+            "fragments" => {
+                e.fragments = Fragments::Tails {
+                    pcluster_size: size()?,
+                }
+            }
+            "all-fragments" => {
+                e.fragments = Fragments::All {
+                    pcluster_size: size()?,
+                }
+            }
+            "smallest" if !neg => {
+                e.ztailpacking = true;
+                e.dedupe = true;
+                if e.fragments == Fragments::Off {
+                    e.fragments = Fragments::Tails { pcluster_size: 0 };
+                }
+            }
+            _ => bail!(
+                "-E: unknown extended option {opt:?} (known: ztailpacking, fragments[=BYTES], \
+                 all-fragments[=BYTES], dedupe, inline_data, noinline_data, smallest; ^ negates)"
+            ),
+        }
+    }
+    Ok(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(args: &[&str]) -> Result<Extended> {
+        parse_extended(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn extended_options_parse_in_order() -> Result<()> {
+        let e = p(&["fragments,dedupe", "ztailpacking"])?;
+        assert_eq!(e.fragments, Fragments::Tails { pcluster_size: 0 });
+        assert!(e.dedupe && e.ztailpacking && e.inline_data);
+        let e = p(&["smallest,^dedupe", "all-fragments=65536"])?;
+        assert_eq!(
+            e.fragments,
+            Fragments::All {
+                pcluster_size: 65536
+            }
+        );
+        assert!(!e.dedupe && e.ztailpacking);
+        let e = p(&["fragments=131072,^fragments,noinline_data"])?;
+        assert_eq!(e.fragments, Fragments::Off);
+        assert!(!e.inline_data);
+        assert!(!p(&["^inline_data"])?.inline_data);
+        for bad in [
+            "fragments=0",
+            "fragments=x",
+            "dedupe=1",
+            "^fragments=4096",
+            "frags",
+            "^smallest",
+        ] {
+            assert!(p(&[bad]).is_err(), "{bad} accepted");
+        }
+        Ok(())
+    }
 }

@@ -15,8 +15,12 @@ pub enum Layout {
     },
     /// CHUNK_BASED: chunk size = block size << `chunk_rel`, block map (u32::MAX = hole).
     Chunked { chunk_rel: u8, map: Vec<u32> },
-    /// COMPRESSED_COMPACT.
+    /// COMPRESSED_COMPACT (or COMPRESSED_FULL when `full_index`).
     Compressed(ZFile),
+    /// The whole file is a fragment at `off` of the packed inode's data
+    /// (COMPRESSED_FULL, the map header's bit 63 form). While data is placed, `off` is
+    /// the fragment's id.
+    Fragment { off: u64 },
 }
 
 impl Layout {
@@ -27,6 +31,18 @@ impl Layout {
     /// A compressed file whose last pcluster is inline behind the inode.
     pub fn inline_pcluster(&self) -> bool {
         matches!(self, Layout::Compressed(z) if z.inline.is_some())
+    }
+
+    /// Compressed layouts (a whole-file fragment counts: its data is compressed in the
+    /// packed inode).
+    pub fn compressed(&self) -> bool {
+        matches!(self, Layout::Compressed(_) | Layout::Fragment { .. })
+    }
+
+    /// Some of the file's data is in the packed inode.
+    pub fn fragment(&self) -> bool {
+        matches!(self, Layout::Fragment { .. })
+            || matches!(self, Layout::Compressed(z) if z.fragment.is_some())
     }
 }
 
@@ -53,6 +69,7 @@ impl From<Stored> for Layout {
         match s {
             Stored::Compressed(z) => Layout::Compressed(z),
             Stored::Data(d) => d.into(),
+            Stored::Fragment(id) => Layout::Fragment { off: id },
         }
     }
 }

@@ -30,7 +30,9 @@
 
 mod blobs;
 pub mod data;
+mod dedupe;
 pub mod dir;
+mod frag;
 mod layout;
 mod nids;
 pub mod options;
@@ -61,37 +63,66 @@ pub fn build_from_dir(source: &Path, output: &Path, opts: &BuildOptions) -> Resu
 /// Stages 2 to 6: the image of `tree` at `output`.
 fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildReport> {
     let build_time = plan::apply_time_policy(&mut tree, o);
-    let plan = plan::plan(&tree, build_time, o)?;
+    if o.fragments != Fragments::Off {
+        plan::add_packed_inode(&mut tree, build_time);
+    }
+    let mut plan = plan::plan(&tree, build_time, o)?;
     let mut out = out::Out::create(output)?;
-    let placed = place::store_data(&tree, &plan, o, &mut out)?;
+    let mut placed = place::store_data(&tree, &plan, o, &mut out)?;
+    if let (Some(id), Some(p)) = (tree.packed, &placed.packed) {
+        plan.set_file_size(id, p.size);
+        place::store_packed(id, &plan, o, &mut out, &mut placed)?;
+    }
     let meta = nids::assign(&tree, &plan, &placed.layouts, placed.end_blk)?;
     let blobs_at = meta.end_blk() + plan.shared_xattr_blocks();
-    let blobs = blobs::place(&tree, &plan, &meta, placed.layouts, blobs_at)?;
+    let frag_blocks = fragment_blocks(&placed, tree.packed, plan.bs);
+    let layouts = std::mem::take(&mut placed.layouts);
+    let blobs = blobs::place(&tree, &plan, &meta, layouts, blobs_at)?;
     let image = write::write_image(out, &tree, &plan, &meta, &blobs, o)?;
     Ok(report(
         &tree,
         build_time,
-        placed.bytes_in,
-        placed.compressor_input,
+        &placed,
+        frag_blocks,
+        plan.bs,
         &image,
     ))
+}
+
+/// The packed inode's stored blocks, and the number of files with a fragment (each
+/// would take at least one block of its own without fragments).
+fn fragment_blocks(placed: &place::Placed, packed: Option<usize>, bs: u64) -> (u64, u64) {
+    let Some(id) = packed.filter(|_| placed.packed.is_some()) else {
+        return (0, 0);
+    };
+    let size = placed.packed.as_ref().map_or(0, |p| p.size);
+    let stored = match &placed.layouts[id] {
+        layout::Layout::Compressed(z) => z.blocks,
+        _ => size.div_ceil(bs),
+    };
+    let files = placed.layouts.iter().filter(|l| l.fragment()).count() as u64;
+    (stored, files)
 }
 
 fn report(
     tree: &Tree,
     build_time: i64,
-    bytes_in: u64,
-    compressor_input: u64,
+    placed: &place::Placed,
+    frag_blocks: (u64, u64),
+    bs: u64,
     image: &write::Written,
 ) -> BuildReport {
     let mut r = BuildReport {
         inodes: tree.nodes.len() as u64,
-        bytes_in,
-        compressor_input,
+        bytes_in: placed.bytes_in,
+        compressor_input: placed.compressor_input,
         image_bytes: image.bytes,
         blocks: image.blocks,
         uuid: image.uuid,
         build_time,
+        dedupe_saved: placed.dedupe_saved,
+        fragment_bytes: placed.fragment_bytes,
+        fragments_saved: frag_blocks.1.saturating_sub(frag_blocks.0) * bs,
         ..Default::default()
     };
     for nd in &tree.nodes {
@@ -101,6 +132,10 @@ fn report(
             Kind::Symlink { .. } => r.symlinks += 1,
             _ => r.special += 1,
         }
+    }
+    if tree.packed.is_some() {
+        // The packed inode is no file of the tree.
+        r.files = r.files.saturating_sub(1);
     }
     r
 }

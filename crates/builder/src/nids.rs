@@ -64,6 +64,14 @@ pub fn record(plan: &Plan, id: InodeId, layout: &Layout) -> Record {
     let bs = plan.bs;
     let content_inline = plan.content_inline[id];
     let shape = match layout {
+        // Map header and 8 reserved bytes (format doc §8.2).
+        Layout::Fragment { .. } => Shape::Fixed(base.div_ceil(8) * 8 + 16),
+        Layout::Compressed(z) if z.full_index => Shape::Fixed(
+            base.div_ceil(8) * 8
+                + 16
+                + 8 * plan.sizes[id].div_ceil(bs)
+                + z.inline.as_ref().map_or(0, |(b, _)| b.len() as u64),
+        ),
         Layout::Compressed(z) => Shape::Compact {
             head: base.div_ceil(8) * 8 + 8,
             lclusters: plan.sizes[id].div_ceil(bs) as usize,

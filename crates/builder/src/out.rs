@@ -57,6 +57,14 @@ impl Out {
         self.hasher.digest128().to_le_bytes()
     }
 
+    /// The directory the image is written in (for spool files).
+    pub fn dir(&self) -> PathBuf {
+        match self.tmp.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        }
+    }
+
     pub fn set_len(&mut self, len: u64) -> Result<()> {
         self.file
             .set_len(len)

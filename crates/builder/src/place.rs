@@ -2,14 +2,20 @@
 //! the first block after block 0, in inode order — compressed by [`zdata`] or copied by
 //! [`crate::data`] — and each file gets its [`Layout`]. This is the only stage that reads file
 //! contents; the output depends on nothing but the tree, the plan and the options.
+//!
+//! With `-E dedupe`, files with the same contents ([`crate::dedupe`]) are stored once
+//! and share that data. With fragments, tails and small files go to the packed inode
+//! ([`crate::frag`]), whose data is compressed last, behind every file's.
 
 use crate::data::DataWriter;
+use crate::dedupe;
+use crate::frag::FragStore;
 use crate::layout::Layout;
 use crate::options::*;
 use crate::out::Out;
 use crate::plan::Plan;
 use crate::scan::{Kind, Tree};
-use crate::zdata;
+use crate::zdata::{self, FragMode};
 
 /// Where the data went.
 pub struct Placed {
@@ -21,28 +27,74 @@ pub struct Placed {
     pub bytes_in: u64,
     /// Bytes handed to a compressor.
     pub compressor_input: u64,
+    /// File bytes not stored again (duplicates of other files or fragments).
+    pub dedupe_saved: u64,
+    /// The packed inode's data (`Some` when some file has a fragment).
+    pub packed: Option<crate::frag::Packed>,
+    /// Fragment bytes handed in.
+    pub fragment_bytes: u64,
 }
 
-/// Store the data of every regular file of `tree`.
+/// Store the data of every regular file of `tree` but the packed inode.
 pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> Result<Placed> {
     let mut placed = Placed {
         layouts: vec![Layout::NONE; tree.nodes.len()],
         end_blk: plan.first_blk,
         bytes_in: 0,
         compressor_input: 0,
+        dedupe_saved: 0,
+        packed: None,
+        fragment_bytes: 0,
     };
-    let files = tree
+    let files: Vec<(usize, &crate::scan::Node, &std::path::PathBuf, u64)> = tree
         .nodes
         .iter()
         .enumerate()
+        .filter(|(id, _)| Some(*id) != tree.packed)
         .filter_map(|(id, nd)| match &nd.kind {
             Kind::File { path, size } => Some((id, nd, path, *size)),
             _ => None,
-        });
+        })
+        .collect();
+    let threads = if o.threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        o.threads
+    };
+    // Per file (index in `files`): the earlier file it duplicates.
+    let dup_of = if o.dedupe {
+        let cands: Vec<dedupe::Candidate> = files
+            .iter()
+            .map(|&(id, _, path, size)| dedupe::Candidate {
+                path: path.as_path(),
+                size,
+                meta: plan.fixed_meta(id),
+            })
+            .collect();
+        dedupe::find_duplicates(&cands, threads)?
+    } else {
+        vec![None; files.len()]
+    };
+    for (&(_, _, _, size), d) in files.iter().zip(&dup_of) {
+        placed.bytes_in += size;
+        if d.is_some() {
+            placed.dedupe_saved += size;
+        }
+    }
     if let Some(c) = &o.compression {
+        let mut frags = match o.fragments {
+            Fragments::Off => None,
+            _ => Some(FragStore::new(&out.dir(), o.dedupe)?),
+        };
         let mut reqs = Vec::new();
-        for (id, nd, path, size) in files {
-            placed.bytes_in += size;
+        for (k, &(id, nd, path, size)) in files.iter().enumerate() {
+            let (_, pcl) = zdata::policy(c, &nd.rel);
+            let frag = match o.fragments {
+                Fragments::Off => FragMode::None,
+                Fragments::All { .. } => FragMode::Whole,
+                Fragments::Tails { .. } if size <= u64::from(pcl) => FragMode::Whole,
+                Fragments::Tails { .. } => FragMode::Tail,
+            };
             reqs.push(zdata::FileReq {
                 id,
                 path: path.clone(),
@@ -50,20 +102,31 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
                 rel: nd.rel.clone(),
                 fixed_meta: plan.fixed_meta(id),
                 inline_tail: plan.inline_tail(id, size),
+                frag,
+                skip: dup_of[k].is_some(),
             });
         }
-        let threads = if o.threads == 0 {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        } else {
-            o.threads
-        };
-        let (stored, end, fed) =
-            zdata::store_all(&reqs, c, out, plan.bits, plan.first_blk, threads)?;
+        let (stored, end, fed) = zdata::store_all(
+            &reqs,
+            c,
+            out,
+            plan.bits,
+            plan.first_blk,
+            threads,
+            frags.as_mut(),
+        )?;
         for (r, st) in reqs.iter().zip(stored) {
             placed.layouts[r.id] = st.into();
         }
         placed.end_blk = end;
         placed.compressor_input = fed;
+        if let Some(fs) = frags {
+            placed.dedupe_saved += fs.deduped;
+            placed.fragment_bytes = fs.bytes_in;
+            if !fs.is_empty() {
+                placed.packed = Some(fs.finish(&out.dir())?);
+            }
+        }
     } else {
         let mut dw = DataWriter {
             out,
@@ -71,13 +134,103 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
             next_blk: plan.first_blk,
             buf: Vec::new(),
         };
-        for (id, _, path, size) in files {
-            placed.bytes_in += size;
-            placed.layouts[id] = dw
-                .store_file(path, size, plan.inline_tail(id, size))?
-                .into();
+        for (k, &(id, _, path, size)) in files.iter().enumerate() {
+            if dup_of[k].is_none() {
+                placed.layouts[id] = dw
+                    .store_file(path, size, plan.inline_tail(id, size))?
+                    .into();
+            }
         }
         placed.end_blk = dw.next_blk;
     }
+    // Duplicates share the data of the file they copy (an earlier one: already placed).
+    for (k, d) in dup_of.iter().enumerate() {
+        if let Some(src) = d {
+            placed.layouts[files[k].0] = placed.layouts[files[*src].0].clone();
+        }
+    }
     Ok(placed)
+}
+
+/// Store the packed inode's data (inode `id`, `packed.size` bytes; `plan` already
+/// knows its size) behind the data region, compressed with the image's first
+/// algorithm and the fragments' pcluster size, and turn every fragment id in
+/// `placed.layouts` into its offset.
+pub fn store_packed(
+    id: usize,
+    plan: &Plan,
+    o: &BuildOptions,
+    out: &mut Out,
+    placed: &mut Placed,
+) -> Result<()> {
+    let (Some(c), Some(packed)) = (&o.compression, &placed.packed) else {
+        return Ok(());
+    };
+    let pcl = match o.fragments {
+        Fragments::Tails { pcluster_size: p } | Fragments::All { pcluster_size: p } if p > 0 => p,
+        _ => c.pcluster_size,
+    };
+    let pc = zdata::Compression {
+        algorithms: vec![c.algorithms[0].clone()],
+        pcluster_size: pcl,
+        ztailpacking: c.ztailpacking,
+        hints: Vec::new(),
+    };
+    let size = packed.size;
+    let req = zdata::FileReq {
+        id,
+        path: packed.file.path().to_path_buf(),
+        size,
+        rel: b"(packed inode)".to_vec(),
+        fixed_meta: plan.fixed_meta(id),
+        inline_tail: plan.inline_tail(id, size),
+        frag: FragMode::None,
+        skip: false,
+    };
+    let threads = if o.threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        o.threads
+    };
+    let (stored, end, fed) = zdata::store_all(
+        std::slice::from_ref(&req),
+        &pc,
+        out,
+        plan.bits,
+        placed.end_blk,
+        threads,
+        None,
+    )?;
+    placed.end_blk = end;
+    placed.compressor_input += fed;
+    if let Some(st) = stored.into_iter().next() {
+        placed.layouts[id] = st.into();
+    }
+    let offsets = &packed.offsets;
+    let off = |i: u64| -> Result<u64> {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| offsets.get(i).copied())
+            .ok_or_else(|| BuildError::Options("internal: unknown fragment".into()))
+    };
+    for l in &mut placed.layouts {
+        match l {
+            Layout::Fragment { off: o } => *o = off(*o)?,
+            Layout::Compressed(z) => {
+                if let Some(f) = z.fragment.as_mut() {
+                    *f = off(*f)?;
+                    z.full_index = *f > u64::from(u32::MAX);
+                    if z.full_index {
+                        // Full indexes carry the offset's high half in the tail
+                        // head's block address.
+                        if let Some(e) = z.extents.last_mut() {
+                            e.blkaddr = (*f >> 32) as u32;
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }

@@ -56,10 +56,38 @@ impl Plan {
         self.inline_data && tail != 0 && self.fixed_meta(id) + tail <= self.bs
     }
 
+    /// Set the size of regular file `id` (the packed inode, known after the data).
+    pub fn set_file_size(&mut self, id: InodeId, size: u64) {
+        self.sizes[id] = size;
+        if size > u64::from(u32::MAX) {
+            self.extended[id] = true;
+        }
+    }
+
     /// Blocks the shared xattr area takes.
     pub fn shared_xattr_blocks(&self) -> u64 {
         (self.xattrs.shared_area.len() as u64).div_ceil(self.bs)
     }
+}
+
+/// Add the packed inode to `tree` (its size is set once the fragments are known): a
+/// regular file owned by root, mode 0600, linked from no directory, numbered last.
+pub fn add_packed_inode(tree: &mut Tree, build_time: i64) {
+    tree.nodes.push(crate::scan::Node {
+        kind: Kind::File {
+            path: std::path::PathBuf::new(),
+            size: 0,
+        },
+        mode: 0o100600,
+        uid: 0,
+        gid: 0,
+        mtime: build_time,
+        mtime_nsec: 0,
+        nlink: 1,
+        xattrs: Vec::new(),
+        rel: b"(packed inode)".to_vec(),
+    });
+    tree.packed = Some(tree.nodes.len() - 1);
 }
 
 /// Apply the time policy to `tree` (doc: -T, SOURCE_DATE_EPOCH, --ignore-mtime) and
@@ -217,6 +245,7 @@ mod tests {
                 ),
             ],
             root: 0,
+            packed: None,
         }
     }
 

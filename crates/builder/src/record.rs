@@ -28,7 +28,9 @@ pub fn encode(
             startblk.unwrap_or(u64::from(u32::MAX)),
         ),
         Layout::Chunked { chunk_rel, .. } => (DataLayout::ChunkBased, u64::from(*chunk_rel)),
+        Layout::Compressed(z) if z.full_index => (DataLayout::CompressedFull, z.blocks),
         Layout::Compressed(z) => (DataLayout::CompressedCompact, z.blocks),
+        Layout::Fragment { .. } => (DataLayout::CompressedFull, 0),
     };
     let u = match nd.kind {
         Kind::Device { rdev } => u64::from(rdev),
@@ -68,9 +70,24 @@ pub fn encode(
             }
         }
         Layout::Plain { .. } => {}
+        Layout::Fragment { off } => {
+            // The whole file is at `off` of the packed inode: the header read as a
+            // u64 is the offset with bit 63 set; 8 reserved bytes follow.
+            if *off >> 63 != 0 {
+                return Err(BuildError::TooLarge("fragment offset beyond 2^63".into()));
+            }
+            rec.resize(rec.len().div_ceil(8) * 8, 0);
+            rec.extend_from_slice(&(off | 1 << 63).to_le_bytes());
+            rec.extend_from_slice(&[0u8; 8]);
+        }
         Layout::Compressed(z) => {
             rec.resize(rec.len().div_ceil(8) * 8, 0);
-            let mut advise = zmap::ADVISE_COMPACTED_2B;
+            // (For full indexes bit 0 would mean encoded extents.)
+            let mut advise = if z.full_index {
+                0
+            } else {
+                zmap::ADVISE_COMPACTED_2B
+            };
             if big_pcluster {
                 advise |= zmap::ADVISE_BIG_PCLUSTER_1 | zmap::ADVISE_BIG_PCLUSTER_2;
             }
@@ -78,6 +95,12 @@ pub fn encode(
             if let Some((b, _)) = &z.inline {
                 advise |= zmap::ADVISE_INLINE_PCLUSTER;
                 word0 = (b.len() as u32) << 16;
+            }
+            if let Some(off) = z.fragment {
+                // The low half here; with full indexes the high half is in the tail
+                // head's block address.
+                advise |= zmap::ADVISE_FRAGMENT_PCLUSTER;
+                word0 = off as u32;
             }
             let h = zmap::MapHeader {
                 word0,
@@ -92,10 +115,15 @@ pub fn encode(
             };
             let ents = zindex::lcluster_entries(&z.extents, size, plan.bits, big_pcluster)
                 .map_err(bad_index)?;
-            let e_pos = pos + rec.len() as u64;
-            let idx =
-                zindex::encode_compact(&ents, e_pos, true, big_pcluster).map_err(bad_index)?;
-            rec.extend_from_slice(&idx);
+            if z.full_index {
+                rec.extend_from_slice(&[0u8; 8]);
+                rec.extend_from_slice(&zindex::encode_full(&ents));
+            } else {
+                let e_pos = pos + rec.len() as u64;
+                let idx =
+                    zindex::encode_compact(&ents, e_pos, true, big_pcluster).map_err(bad_index)?;
+                rec.extend_from_slice(&idx);
+            }
             if let Some((b, _)) = &z.inline {
                 rec.extend_from_slice(b);
             }

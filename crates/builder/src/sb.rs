@@ -86,6 +86,8 @@ pub struct SbFields {
     pub compressed: bool,
     /// Some compressed file has its tail pcluster inline (ztailpacking).
     pub inline_pcluster: bool,
+    /// The packed inode, when some file has a fragment.
+    pub packed_nid: Option<u64>,
 }
 
 /// The superblock (UUID still zero) for `f`.
@@ -107,6 +109,9 @@ pub fn superblock(f: &SbFields, cfg: &ComprCfg, label: Option<&str>) -> Result<S
     if f.inline_pcluster {
         feature_incompat |= INCOMPAT_ZTAILPACKING;
     }
+    if f.packed_nid.is_some() {
+        feature_incompat |= INCOMPAT_FRAGMENTS;
+    }
     let mut sb = Superblock {
         magic: MAGIC,
         feature_compat: COMPAT_SB_CHKSUM
@@ -127,6 +132,7 @@ pub fn superblock(f: &SbFields, cfg: &ComprCfg, label: Option<&str>) -> Result<S
         xattr_blkaddr: u32::try_from(f.xattr_blkaddr).unwrap_or(0),
         feature_incompat,
         u1,
+        packed_nid: f.packed_nid.unwrap_or(0),
         ..Default::default()
     };
     if let Some(l) = label {

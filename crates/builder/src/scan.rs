@@ -54,6 +54,8 @@ pub struct Node {
 pub struct Tree {
     pub nodes: Vec<Node>,
     pub root: InodeId,
+    /// The packed inode (fragments): a regular file no directory links.
+    pub packed: Option<InodeId>,
 }
 
 /// Deepest directory nesting accepted.
@@ -94,6 +96,7 @@ pub fn scan_dir(root: &Path, opts: &BuildOptions) -> Result<Tree> {
     let mut tree = Tree {
         nodes: s.nodes,
         root: root_id,
+        packed: None,
     };
     fix_nlinks(&mut tree);
     Ok(tree)

@@ -31,7 +31,7 @@ pub fn write_image(
 ) -> Result<Written> {
     let bs = plan.bs;
     let layouts = &blobs.layouts;
-    let compressed = layouts.iter().any(|l| matches!(l, Layout::Compressed(_)));
+    let compressed = layouts.iter().any(Layout::compressed);
     let big_pcluster = compressed && plan.cfg.needed;
 
     // Block 0 (up to the end of the superblock's block): superblock, compression
@@ -79,6 +79,11 @@ pub fn write_image(
         chunked: layouts.iter().any(|l| matches!(l, Layout::Chunked { .. })),
         compressed,
         inline_pcluster: layouts.iter().any(Layout::inline_pcluster),
+        // The packed inode counts only when some file has a fragment in it.
+        packed_nid: match tree.packed {
+            Some(id) if layouts.iter().any(Layout::fragment) => Some(meta.nid(id)),
+            _ => None,
+        },
     };
     let mut sb = sb::superblock(&fields, &plan.cfg, o.label.as_deref())?;
     sb.uuid = sb::uuid(o.uuid, &out, &sb)?;

@@ -9,6 +9,7 @@
 //! (ztailpacking), and a file that does not shrink at all is stored uncompressed.
 
 use crate::data::{data_segments, DataWriter, FileData};
+use crate::frag::FragStore;
 use crate::options::*;
 use crate::out::Out;
 use ferofs_compress::probe::{Probe, CHUNK};
@@ -113,6 +114,12 @@ pub struct ZFile {
     /// ztailpacking: the last extent's stored bytes, behind the inode.
     pub inline: Option<(Vec<u8>, bool)>,
     pub blocks: u64,
+    /// The tail extent is a fragment: its id while data is placed, then its offset in
+    /// the packed inode's data.
+    pub fragment: Option<u64>,
+    /// Full (8-byte) lcluster indexes instead of compact ones (fragment offsets of
+    /// 2^32 and more need them).
+    pub full_index: bool,
 }
 
 /// Result of storing one regular file.
@@ -121,6 +128,18 @@ pub enum Stored {
     Compressed(ZFile),
     /// Stored uncompressed (did not shrink, or has holes).
     Data(FileData),
+    /// The whole file is a fragment: its id while data is placed, then its offset.
+    Fragment(u64),
+}
+
+/// What part of a file goes to the packed inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FragMode {
+    None,
+    /// The tail extent, when it does not fill a pcluster.
+    Tail,
+    /// The whole file.
+    Whole,
 }
 
 /// One compressed piece of a segment.
@@ -129,6 +148,8 @@ struct Piece {
     /// Compressed stream (not padded), or raw bytes for PLAIN.
     bytes: Vec<u8>,
     plain: bool,
+    /// Raw bytes for the packed inode (always the last piece of a file).
+    frag: bool,
 }
 
 struct Job {
@@ -143,6 +164,7 @@ struct Job {
     whole: bool,
     /// The job ends the file.
     last: bool,
+    frag: FragMode,
 }
 
 /// What a worker hands the committer for one job.
@@ -204,6 +226,18 @@ fn compress_segment(
             what: "file shrank while it was being read".into(),
         });
     }
+    if job.frag == FragMode::Whole {
+        return Ok(SegOut {
+            pieces: vec![Piece {
+                lstart: job.start,
+                bytes: data,
+                plain: false,
+                frag: true,
+            }],
+            raw: None,
+            fed: 0,
+        });
+    }
     let key = (job.alg, job.pcluster);
     if let std::collections::hash_map::Entry::Vacant(e) = comps.entry(key) {
         let spec = &c.algorithms[job.alg];
@@ -233,22 +267,37 @@ fn compress_segment(
                 lstart: job.start + at as u64,
                 bytes: data[at..(at + bsz).min(pos + n)].to_vec(),
                 plain: true,
+                frag: false,
             });
         }
     };
     // At the end of a file, at most one block left takes one block compressed or not
     // (unless the compressed tail goes inline): store it as is, without compressing it
     // (as mkfs.erofs does).
-    let plain_tail = job.last && !c.ztailpacking;
+    // With fragments, what is left of a file once it fits one pcluster uncompressed
+    // goes to the packed inode as it is (mkfs.erofs does the same).
+    let frag_tail = job.last && job.frag == FragMode::Tail;
+    let plain_tail = job.last && !c.ztailpacking && !frag_tail;
     // Input bytes handed to the compressor.
     let mut fed = len as u64;
     // Bounded: every iteration consumes at least one byte.
     while pos < len {
+        if frag_tail && len - pos <= job.pcluster as usize {
+            pieces.push(Piece {
+                lstart: job.start + pos as u64,
+                bytes: data[pos..].to_vec(),
+                plain: false,
+                frag: true,
+            });
+            fed -= (len - pos) as u64;
+            break;
+        }
         if plain_tail && (len - pos) as u64 <= bs {
             pieces.push(Piece {
                 lstart: job.start + pos as u64,
                 bytes: data[pos..].to_vec(),
                 plain: true,
+                frag: false,
             });
             fed -= (len - pos) as u64;
             break;
@@ -260,7 +309,12 @@ fn compress_segment(
         // end of the segment is stored whole.
         let run = probe.incompressible_prefix(&data[pos..], len - pos);
         let skip = if pos + run + CHUNK > len {
-            run
+            if frag_tail {
+                // Whole blocks only: the last partial block becomes the fragment.
+                run / bsz * bsz
+            } else {
+                run
+            }
         } else {
             run.saturating_sub(job.pcluster as usize) / bsz * bsz
         };
@@ -273,11 +327,23 @@ fn compress_segment(
         let src = &data[pos..len.min(pos + MAX_EXTENT_INPUT)];
         let (consumed, written) = comp.compress_destsize(src, dst);
         let stored = (written as u64).div_ceil(bs) * bs;
+        if frag_tail && pos + consumed == len && written < job.pcluster as usize {
+            // The rest of the file compresses into a pcluster it does not fill: it
+            // goes to the packed inode instead, packed with other files' tails.
+            pieces.push(Piece {
+                lstart: job.start + pos as u64,
+                bytes: data[pos..].to_vec(),
+                plain: false,
+                frag: true,
+            });
+            break;
+        }
         if consumed > 0 && written > 0 && stored < consumed as u64 {
             pieces.push(Piece {
                 lstart: job.start + pos as u64,
                 bytes: dst[..written].to_vec(),
                 plain: false,
+                frag: false,
             });
             pos += consumed;
         } else {
@@ -308,6 +374,8 @@ struct Pending {
     alg: usize,
     /// The file's bytes, when one job read it whole.
     raw: Option<Vec<u8>>,
+    /// The whole file is going to the packed inode (a fragment is open).
+    whole_frag: bool,
 }
 
 /// What the committer needs to know about each file to decide on inlining.
@@ -320,6 +388,11 @@ pub struct FileReq {
     pub fixed_meta: u64,
     /// An uncompressed tail may go behind the inode.
     pub inline_tail: bool,
+    /// What goes to the packed inode (never set without a `FragStore`).
+    pub frag: FragMode,
+    /// Stored elsewhere (a duplicate of another file): no data at all here; its
+    /// result is a placeholder.
+    pub skip: bool,
 }
 
 /// Compress every file in `files` (inode order) and write the data at `next_blk`.
@@ -332,6 +405,7 @@ pub fn store_all(
     bits: u8,
     mut next_blk: u64,
     threads: usize,
+    mut frags: Option<&mut FragStore>,
 ) -> Result<(Vec<Stored>, u64, u64)> {
     let bs = 1u64 << bits;
     let pool = rayon::ThreadPoolBuilder::new()
@@ -343,10 +417,11 @@ pub fn store_all(
         files
             .par_iter()
             .map(|f| {
-                File::open(&f.path)
-                    .ok()
-                    .and_then(|h| data_segments(&h, f.size))
-                    .is_some()
+                !f.skip
+                    && File::open(&f.path)
+                        .ok()
+                        .and_then(|h| data_segments(&h, f.size))
+                        .is_some()
             })
             .collect()
     });
@@ -355,7 +430,16 @@ pub fn store_all(
         // A file of at most one block cannot shrink unless its compressed form goes
         // inline (ztailpacking): compressed it still takes a block, raw its bytes go
         // inline or take that one block. Not compressing it gives the same image.
-        if holey[fi] || f.size == 0 || (!c.ztailpacking && f.size <= bs) {
+        let frag = if holey[fi] || frags.is_none() {
+            FragMode::None
+        } else {
+            f.frag
+        };
+        if holey[fi]
+            || f.skip
+            || f.size == 0
+            || (!c.ztailpacking && frag == FragMode::None && f.size <= bs)
+        {
             continue;
         }
         let (alg, pcl) = policy(c, &f.rel);
@@ -372,6 +456,7 @@ pub fn store_all(
                 pcluster: pcl,
                 whole: s == 0 && e == f.size,
                 last: e == f.size,
+                frag,
             });
             s = e;
         }
@@ -386,12 +471,13 @@ pub fn store_all(
     let mut commit = |job: &Job, seg: SegOut| -> Result<()> {
         if pending.as_ref().map(|(f, _)| *f) != Some(job.file) {
             if let Some((f, p)) = pending.take() {
-                results[f] = Some(finish_file(&files[f], p, c, out, bits, &mut next_blk)?);
+                let fs = frags.as_deref_mut();
+                results[f] = Some(finish_file(&files[f], p, c, out, bits, &mut next_blk, fs)?);
                 done_upto = f + 1;
             }
             // Files without jobs (holes, empty) between the last one and this one.
             for f in done_upto..job.file {
-                results[f] = Some(store_raw(&files[f], None, out, bits, &mut next_blk)?);
+                results[f] = Some(store_jobless(&files[f], out, bits, &mut next_blk)?);
             }
             done_upto = job.file;
             pending = Some((
@@ -403,14 +489,29 @@ pub fn store_all(
                     last: None,
                     alg: job.alg,
                     raw: None,
+                    whole_frag: job.frag == FragMode::Whole,
                 },
             ));
+            if job.frag == FragMode::Whole {
+                if let Some(fs) = frags.as_deref_mut() {
+                    fs.begin(&files[job.file].rel);
+                }
+            }
         }
         let Some((_, p)) = pending.as_mut() else {
             return Ok(());
         };
         p.raw = seg.raw;
         fed += seg.fed;
+        if p.whole_frag {
+            let fs = frags
+                .as_deref_mut()
+                .ok_or_else(|| BuildError::Options("internal: no fragment store".into()))?;
+            for piece in seg.pieces {
+                fs.push(&piece.bytes)?;
+            }
+            return Ok(());
+        }
         for piece in seg.pieces {
             if let Some(prev) = p.last.take() {
                 write_piece(prev, p, out, bits, &mut next_blk)?;
@@ -422,11 +523,12 @@ pub fn store_all(
     let window = WINDOW_BYTES.max(2 * threads as u64 * segment_size(c.max_pcluster()));
     run_ordered(&jobs, threads, window, c, bs, &mut commit)?;
     if let Some((f, p)) = pending.take() {
-        results[f] = Some(finish_file(&files[f], p, c, out, bits, &mut next_blk)?);
+        let fs = frags.as_deref_mut();
+        results[f] = Some(finish_file(&files[f], p, c, out, bits, &mut next_blk, fs)?);
         done_upto = f + 1;
     }
     for f in done_upto..files.len() {
-        results[f] = Some(store_raw(&files[f], None, out, bits, &mut next_blk)?);
+        results[f] = Some(store_jobless(&files[f], out, bits, &mut next_blk)?);
     }
     let mut v = Vec::with_capacity(files.len());
     for r in results {
@@ -534,6 +636,14 @@ fn run_ordered(
     })
 }
 
+/// A file without jobs: a duplicate stored elsewhere (placeholder), or stored as it is.
+fn store_jobless(f: &FileReq, out: &mut Out, bits: u8, next_blk: &mut u64) -> Result<Stored> {
+    if f.skip {
+        return Ok(Stored::Data(FileData::Empty));
+    }
+    store_raw(f, None, out, bits, next_blk)
+}
+
 /// Store a file uncompressed at `next_blk` (flat, inline tail, or chunks for holes),
 /// from `raw` when a worker already read the whole file.
 fn store_raw(
@@ -613,12 +723,20 @@ fn finish_file(
     out: &mut Out,
     bits: u8,
     next_blk: &mut u64,
+    frags: Option<&mut FragStore>,
 ) -> Result<Stored> {
     let bs = 1u64 << bits;
+    if p.whole_frag {
+        let fs = frags.ok_or_else(|| BuildError::Options("internal: no fragment store".into()))?;
+        return Ok(Stored::Fragment(fs.end()? as u64));
+    }
     let bytes = p.raw.take();
     let Some(last) = p.last.take() else {
         return store_raw(f, bytes.as_deref(), out, bits, next_blk);
     };
+    if last.frag {
+        return finish_with_fragment(f, p, last, bytes, c, out, bits, next_blk, frags);
+    }
     // ztailpacking: the last extent behind the inode when the record fits one block.
     let meta_before = f.fixed_meta.div_ceil(8) * 8 + 8 + max_index_bytes(f.size, bits);
     let inline_ok = c.ztailpacking
@@ -664,5 +782,62 @@ fn finish_file(
         extents: p.extents,
         inline,
         blocks: p.blocks,
+        fragment: None,
+        full_index: false,
+    }))
+}
+
+/// Finish a file whose last piece is a fragment: the fragment goes to the packed inode
+/// (the whole file, when nothing else of it was written), unless the file as a whole
+/// does not shrink: then it is stored as it is.
+#[allow(clippy::too_many_arguments)]
+fn finish_with_fragment(
+    f: &FileReq,
+    mut p: Pending,
+    last: Piece,
+    bytes: Option<Vec<u8>>,
+    c: &Compression,
+    out: &mut Out,
+    bits: u8,
+    next_blk: &mut u64,
+    frags: Option<&mut FragStore>,
+) -> Result<Stored> {
+    let bs = 1u64 << bits;
+    let fs = frags.ok_or_else(|| BuildError::Options("internal: no fragment store".into()))?;
+    if p.extents.is_empty() && last.lstart == 0 {
+        return Ok(Stored::Fragment(fs.add(&f.rel, &last.bytes)? as u64));
+    }
+    // The fragment counts at its raw size here: what it will compress to in the packed
+    // inode is not known yet.
+    let stored = p.blocks * bs + last.bytes.len() as u64 + max_index_bytes(f.size, bits) + 8;
+    let raw = if f.inline_tail {
+        f.size
+    } else {
+        f.size.div_ceil(bs) * bs
+    };
+    if stored >= raw {
+        if let Some(first) = p.first_blk {
+            *next_blk = first;
+        }
+        return store_raw(f, bytes.as_deref(), out, bits, next_blk);
+    }
+    let id = fs.add(&f.rel, &last.bytes)?;
+    // The tail head's block address is never read (the extent is a fragment); like
+    // the sentinel, it carries the running value so compact packs stay consecutive.
+    let blkaddr = u32::try_from(*next_blk).unwrap_or(u32::MAX);
+    p.extents.push(ExtentDesc {
+        lstart: last.lstart,
+        kind: HeadKind::Head1,
+        blkaddr,
+        blocks: 0,
+    });
+    let alg_id = c.algorithms[p.alg].encoder.algorithm().id();
+    Ok(Stored::Compressed(ZFile {
+        alg_id,
+        extents: p.extents,
+        inline: None,
+        blocks: p.blocks,
+        fragment: Some(id as u64),
+        full_index: false,
     }))
 }

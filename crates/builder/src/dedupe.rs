@@ -1,0 +1,177 @@
+//! Whole-file dedupe (for stage 3, `place`, with `-E dedupe`): files with the same
+//! contents are stored once. Only files whose size another file shares can be
+//! duplicates, so only those are read: hashed (xxh3-128) on all cores, then each
+//! candidate is compared byte for byte with the earlier file it matched. The result
+//! depends on the tree alone (the earliest file of a group is the one stored).
+
+use crate::options::*;
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+use xxhash_rust::xxh3::Xxh3;
+
+/// A regular file as dedupe sees it.
+pub struct Candidate<'a> {
+    pub path: &'a Path,
+    pub size: u64,
+    /// Metadata bytes before its data layout (core and xattrs): a duplicate must not
+    /// need more than the file it copies, whose inline tail it takes over.
+    pub meta: u64,
+}
+
+const BUF: usize = 1 << 20;
+
+fn open(p: &Path) -> Result<File> {
+    File::open(p).map_err(io_err(p, "dedupe: open"))
+}
+
+fn hash(p: &Path) -> Result<u128> {
+    let mut f = open(p)?;
+    let mut h = Xxh3::new();
+    let mut buf = vec![0u8; BUF];
+    // Bounded: each pass reads at least one byte or ends.
+    loop {
+        let n = f.read(&mut buf).map_err(io_err(p, "dedupe: read"))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.digest128())
+}
+
+/// Whether two files of `size` bytes hold the same bytes.
+fn same(a: &Path, b: &Path, size: u64) -> Result<bool> {
+    let (mut fa, mut fb) = (open(a)?, open(b)?);
+    let (mut x, mut y) = (vec![0u8; BUF], vec![0u8; BUF]);
+    let mut left = size;
+    // Bounded: each pass consumes up to BUF bytes of `left`.
+    while left > 0 {
+        let n = left.min(BUF as u64) as usize;
+        if fa.read_exact(&mut x[..n]).is_err() || fb.read_exact(&mut y[..n]).is_err() {
+            // A file that shrank is not a duplicate; the data stage reports it.
+            return Ok(false);
+        }
+        if x[..n] != y[..n] {
+            return Ok(false);
+        }
+        left -= n as u64;
+    }
+    Ok(true)
+}
+
+/// Per file: `Some(j)` when it has the contents of the earlier file `j` (which is
+/// itself stored), `None` when its data must be stored.
+pub fn find_duplicates(files: &[Candidate], threads: usize) -> Result<Vec<Option<usize>>> {
+    let mut by_size: HashMap<u64, Vec<usize>> = HashMap::new();
+    for (i, f) in files.iter().enumerate() {
+        if f.size > 0 {
+            by_size.entry(f.size).or_default().push(i);
+        }
+    }
+    let mut todo: Vec<usize> = by_size
+        .values()
+        .filter(|v| v.len() > 1)
+        .flatten()
+        .copied()
+        .collect();
+    todo.sort_unstable();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .build()
+        .map_err(|e| BuildError::Options(format!("thread pool: {e}")))?;
+    let hashes: Vec<u128> = pool.install(|| {
+        todo.par_iter()
+            .map(|&i| hash(files[i].path))
+            .collect::<Result<_>>()
+    })?;
+    // Candidate pairs, in file order: each file against the earliest stored file with
+    // the same size and hash that has at least as much metadata.
+    let mut groups: HashMap<(u64, u128), Vec<usize>> = HashMap::new();
+    let mut pairs = Vec::new();
+    for (&i, &h) in todo.iter().zip(&hashes) {
+        let g = groups.entry((files[i].size, h)).or_default();
+        match g.iter().find(|&&j| files[j].meta >= files[i].meta) {
+            Some(&j) => pairs.push((i, j)),
+            None => g.push(i),
+        }
+    }
+    let checked: Vec<bool> = pool.install(|| {
+        pairs
+            .par_iter()
+            .map(|&(i, j)| same(files[i].path, files[j].path, files[i].size))
+            .collect::<Result<_>>()
+    })?;
+    let mut dup_of = vec![None; files.len()];
+    for (&(i, j), ok) in pairs.iter().zip(checked) {
+        if ok {
+            dup_of[i] = Some(j);
+        }
+    }
+    Ok(dup_of)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_files_point_at_the_first_with_enough_metadata() -> Result<()> {
+        let d = tempfile::tempdir().map_err(io_err(Path::new("."), "tempdir"))?;
+        let w = |n: &str, b: &[u8]| -> std::path::PathBuf {
+            let p = d.path().join(n);
+            std::fs::write(&p, b).ok();
+            p
+        };
+        let a = w("a", b"same bytes");
+        let b = w("b", b"same bytes");
+        let c = w("c", b"same bytez");
+        let e = w("e", b"");
+        let f = w("f", b"");
+        let g = w("g", b"same bytes");
+        let h = w("h", b"same bytes");
+        let files = [
+            Candidate {
+                path: &a,
+                size: 10,
+                meta: 32,
+            },
+            Candidate {
+                path: &b,
+                size: 10,
+                meta: 32,
+            },
+            Candidate {
+                path: &c,
+                size: 10,
+                meta: 32,
+            },
+            Candidate {
+                path: &e,
+                size: 0,
+                meta: 32,
+            },
+            Candidate {
+                path: &f,
+                size: 0,
+                meta: 32,
+            },
+            // More metadata than `a`: stored itself, then copied by `h`.
+            Candidate {
+                path: &g,
+                size: 10,
+                meta: 64,
+            },
+            Candidate {
+                path: &h,
+                size: 10,
+                meta: 40,
+            },
+        ];
+        let dups = find_duplicates(&files, 2)?;
+        assert_eq!(dups, [None, Some(0), None, None, None, None, Some(5)]);
+        Ok(())
+    }
+}

@@ -523,7 +523,7 @@ pub fn store_all(
     let window = WINDOW_BYTES.max(2 * threads as u64 * segment_size(c.max_pcluster()));
     run_ordered(&jobs, threads, window, c, bs, &mut commit)?;
     if let Some((f, p)) = pending.take() {
-        let fs = frags.as_deref_mut();
+        let fs = frags;
         results[f] = Some(finish_file(&files[f], p, c, out, bits, &mut next_blk, fs)?);
         done_upto = f + 1;
     }

@@ -225,8 +225,14 @@ pub fn golden(rel: &str) -> PathBuf {
     dst
 }
 
-/// Path of a tool from Debian's erofs-utils etc., if installed.
+/// Path of a tool from Debian's erofs-utils etc., if installed. `FEROFS_FSCK_EROFS`
+/// names another fsck.erofs (e.g. a newer build than the distribution's).
 pub fn tool(name: &str) -> Option<PathBuf> {
+    if name == "fsck.erofs" {
+        if let Some(p) = std::env::var_os("FEROFS_FSCK_EROFS").filter(|p| !p.is_empty()) {
+            return Some(PathBuf::from(p));
+        }
+    }
     std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|p| p.join(name))

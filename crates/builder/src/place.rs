@@ -39,6 +39,9 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
             Kind::File { path, size } => Some((id, nd, path, *size)),
             _ => None,
         });
+    // Read by the CLI's progress bar; without one, a private counter nobody reads.
+    let progress = o.progress.clone().unwrap_or_default();
+    progress.set_total(files.clone().map(|(.., size)| size).sum());
     if let Some(c) = &o.compression {
         let mut reqs = Vec::new();
         for (id, nd, path, size) in files {
@@ -58,7 +61,7 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
             o.threads
         };
         let (stored, end, fed) =
-            zdata::store_all(&reqs, c, out, plan.bits, plan.first_blk, threads)?;
+            zdata::store_all(&reqs, c, out, plan.bits, plan.first_blk, threads, &progress)?;
         for (r, st) in reqs.iter().zip(stored) {
             placed.layouts[r.id] = st.into();
         }
@@ -76,8 +79,11 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
             placed.layouts[id] = dw
                 .store_file(path, size, plan.inline_tail(id, size))?
                 .into();
+            progress.add_done(size);
         }
         placed.end_blk = dw.next_blk;
     }
+    // Files stored without compressing them (small, holes, no gain) count here.
+    progress.finish();
     Ok(placed)
 }

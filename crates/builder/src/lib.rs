@@ -39,6 +39,7 @@ pub mod options;
 mod out;
 mod place;
 mod plan;
+mod progress;
 mod record;
 mod sb;
 pub mod scan;
@@ -47,6 +48,7 @@ pub mod xattrs;
 pub mod zdata;
 
 pub use options::{BuildError, BuildOptions, BuildReport, Fragments, UuidChoice};
+pub use progress::Progress;
 pub use zdata::{parse_hints, Compression, Hint};
 
 use options::Result;

@@ -49,8 +49,8 @@ pub struct BuildOptions {
     pub dedupe: bool,
     /// `-m`: inodes in a compressed metabox inode (Linux 6.17+).
     pub metabox: bool,
-    /// Bytes of file data done so far (the CLI's progress bar reads it).
-    pub progress: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    /// File bytes to store and done so far (the CLI's progress bar reads it).
+    pub progress: Option<std::sync::Arc<crate::Progress>>,
 }
 
 /// Which file data goes into the packed inode (`-E fragments`, `-E all-fragments`).

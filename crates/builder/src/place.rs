@@ -81,6 +81,9 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
             placed.dedupe_saved += size;
         }
     }
+    // Read by the CLI's progress bar; without one, a private counter nobody reads.
+    let progress = o.progress.clone().unwrap_or_default();
+    progress.set_total(files.iter().map(|&(.., size)| size).sum());
     if let Some(c) = &o.compression {
         let mut frags = match o.fragments {
             Fragments::Off => None,
@@ -114,6 +117,7 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
             plan.first_blk,
             threads,
             frags.as_mut(),
+            &progress,
         )?;
         for (r, st) in reqs.iter().zip(stored) {
             placed.layouts[r.id] = st.into();
@@ -140,6 +144,7 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
                     .store_file(path, size, plan.inline_tail(id, size))?
                     .into();
             }
+            progress.add_done(size);
         }
         placed.end_blk = dw.next_blk;
     }
@@ -149,6 +154,8 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
             placed.layouts[files[k].0] = placed.layouts[files[*src].0].clone();
         }
     }
+    // Files stored without compressing them (small, holes, no gain) count here.
+    progress.finish();
     Ok(placed)
 }
 
@@ -192,6 +199,9 @@ pub fn store_packed(
     } else {
         o.threads
     };
+    // The packed inode's data is more to compress: the total grows by it.
+    let progress = o.progress.clone().unwrap_or_default();
+    progress.set_total(progress.total() + size);
     let (stored, end, fed) = zdata::store_all(
         std::slice::from_ref(&req),
         &pc,
@@ -200,7 +210,9 @@ pub fn store_packed(
         placed.end_blk,
         threads,
         None,
+        &progress,
     )?;
+    progress.finish();
     placed.end_blk = end;
     placed.compressor_input += fed;
     if let Some(st) = stored.into_iter().next() {

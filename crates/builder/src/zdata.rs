@@ -406,6 +406,7 @@ pub fn store_all(
     mut next_blk: u64,
     threads: usize,
     mut frags: Option<&mut FragStore>,
+    progress: &crate::Progress,
 ) -> Result<(Vec<Stored>, u64, u64)> {
     let bs = 1u64 << bits;
     let pool = rayon::ThreadPoolBuilder::new()
@@ -521,7 +522,7 @@ pub fn store_all(
         Ok(())
     };
     let window = WINDOW_BYTES.max(2 * threads as u64 * segment_size(c.max_pcluster()));
-    run_ordered(&jobs, threads, window, c, bs, &mut commit)?;
+    run_ordered(&jobs, threads, window, c, bs, progress, &mut commit)?;
     if let Some((f, p)) = pending.take() {
         let fs = frags;
         results[f] = Some(finish_file(&files[f], p, c, out, bits, &mut next_blk, fs)?);
@@ -547,6 +548,7 @@ fn run_ordered(
     window: u64,
     c: &Compression,
     bs: u64,
+    progress: &crate::Progress,
     commit: &mut dyn FnMut(&Job, SegOut) -> Result<()>,
 ) -> Result<()> {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -602,6 +604,7 @@ fn run_ordered(
                         break;
                     }
                     let r = compress_segment(&jobs[i], &mut comps, &mut dst, c, bs);
+                    progress.add_done(jobs[i].end - jobs[i].start);
                     if tx.send((i, r)).is_err() {
                         break;
                     }

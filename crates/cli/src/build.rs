@@ -1,10 +1,13 @@
 //! `build`: flags -> validated `BuildOptions`, then the builder library.
 
+use crate::report::{peak_rss_bytes, ProgressView, Summary};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ferofs_builder::{parse_hints, BuildOptions, Compression, Fragments, UuidChoice};
+use ferofs_builder::{parse_hints, BuildOptions, Compression, Fragments, Progress, UuidChoice};
 use ferofs_compress::CompressorSpec;
+use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Args)]
@@ -73,9 +76,12 @@ pub struct BuildArgs {
     /// fsync the image before renaming it into place (crash-safe, slower).
     #[arg(long)]
     fsync: bool,
-    /// Print nothing but errors.
+    /// Print nothing but errors on stderr: no progress bar, no summary.
     #[arg(short, long)]
     quiet: bool,
+    /// Print the summary as one JSON object on stdout (instead of lines on stderr).
+    #[arg(long)]
+    json: bool,
 }
 
 fn parse_uuid(s: &str) -> Result<UuidChoice> {
@@ -167,18 +173,34 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
 }
 
 pub fn run(a: BuildArgs) -> Result<()> {
-    let opts = options(&a)?;
+    let mut opts = options(&a)?;
     let t0 = Instant::now();
-    let report = ferofs_builder::build_from_dir(&a.source, &a.image, &opts)
+    // The bar only on a terminal: a log or a pipe gets no carriage returns.
+    let view = (!a.quiet && std::io::stderr().is_terminal()).then(|| {
+        let p = Arc::new(Progress::new());
+        opts.progress = Some(p.clone());
+        ProgressView::start(p)
+    });
+    let built = ferofs_builder::build_from_dir(&a.source, &a.image, &opts);
+    if let Some(v) = view {
+        v.finish();
+    }
+    let report = built
         .with_context(|| format!("building {} from {}", a.image.display(), a.source.display()))?;
-    if !a.quiet {
-        eprintln!(
-            "{}: {} bytes, {} inodes, {:.2}s",
-            a.image.display(),
-            report.image_bytes,
-            report.inodes,
-            t0.elapsed().as_secs_f64()
-        );
+    let summary = Summary {
+        image: &a.image,
+        report: &report,
+        seconds: t0.elapsed().as_secs_f64(),
+        threads: match a.threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        },
+        peak_rss: peak_rss_bytes(),
+    };
+    if a.json {
+        println!("{}", summary.json());
+    } else if !a.quiet {
+        eprint!("{}", summary.human());
     }
     Ok(())
 }

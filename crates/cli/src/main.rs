@@ -6,6 +6,7 @@ mod extract;
 mod fmt;
 mod inspect;
 mod list;
+mod report;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

@@ -1,0 +1,236 @@
+//! What `ferofs build` shows: a progress bar while it runs (on a terminal) and a
+//! summary at the end (aligned lines on stderr, or one JSON object on stdout).
+
+use ferofs_builder::{BuildReport, Progress};
+use indicatif::{BinaryBytes, HumanCount, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::json;
+use std::path::Path;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How often the bar takes the builder's counters.
+const POLL: Duration = Duration::from_millis(100);
+
+/// A progress bar on stderr fed from the builder's [`Progress`] by a thread of its own.
+pub struct ProgressView {
+    stop: mpsc::Sender<()>,
+    thread: JoinHandle<()>,
+}
+
+impl ProgressView {
+    /// Start drawing `p` on stderr (the caller checked that stderr is a terminal).
+    pub fn start(p: Arc<Progress>) -> Self {
+        let (stop, rx) = mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+            bar.set_style(
+                ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+            );
+            bar.set_message("scanning");
+            let mut sized = false;
+            // Bounded: ends when the sender says stop or is dropped.
+            loop {
+                let total = p.total();
+                if total > 0 {
+                    if !sized {
+                        sized = true;
+                        bar.set_message("data");
+                        bar.set_length(total);
+                        bar.set_style(
+                            ProgressStyle::with_template(
+                                "{msg:9} [{wide_bar}] {binary_bytes}/{binary_total_bytes} \
+                                 {binary_bytes_per_sec} ETA {eta}",
+                            )
+                            .unwrap_or_else(|_| ProgressStyle::default_bar())
+                            .progress_chars("=> "),
+                        );
+                    }
+                    let done = p.done();
+                    bar.set_position(done);
+                    if done >= total {
+                        bar.set_message("metadata");
+                    }
+                } else {
+                    bar.tick();
+                }
+                match rx.recv_timeout(POLL) {
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
+                }
+            }
+            bar.finish_and_clear();
+        });
+        ProgressView { stop, thread }
+    }
+
+    /// Remove the bar from the terminal (before anything else is printed).
+    pub fn finish(self) {
+        let _ = self.stop.send(());
+        // A panic in the drawing thread only loses the bar.
+        let _ = self.thread.join();
+    }
+}
+
+/// The process's peak resident set size in bytes (`VmHWM` of /proc/self/status).
+pub fn peak_rss_bytes() -> Option<u64> {
+    parse_vmhwm(&std::fs::read_to_string("/proc/self/status").ok()?)
+}
+
+fn parse_vmhwm(status: &str) -> Option<u64> {
+    let rest = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?;
+    let mut it = rest.split_whitespace();
+    let n: u64 = it.next()?.parse().ok()?;
+    match it.next() {
+        Some("kB") => n.checked_mul(1024),
+        _ => None,
+    }
+}
+
+/// Everything the summary says.
+pub struct Summary<'a> {
+    pub image: &'a Path,
+    pub report: &'a BuildReport,
+    pub seconds: f64,
+    pub threads: usize,
+    pub peak_rss: Option<u64>,
+}
+
+impl Summary<'_> {
+    /// Image bytes per input byte (None for a tree without file data).
+    fn ratio(&self) -> Option<f64> {
+        let r = self.report;
+        (r.bytes_in > 0).then(|| r.image_bytes as f64 / r.bytes_in as f64)
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        let r = self.report;
+        json!({
+            "image": self.image.to_string_lossy(),
+            "files": r.files,
+            "directories": r.directories,
+            "symlinks": r.symlinks,
+            "special": r.special,
+            "inodes": r.inodes,
+            "bytes_in": r.bytes_in,
+            "compressor_input": r.compressor_input,
+            "image_bytes": r.image_bytes,
+            "blocks": r.blocks,
+            "ratio": self.ratio(),
+            "dedupe_saved": r.dedupe_saved,
+            "fragment_bytes": r.fragment_bytes,
+            "fragments_saved": r.fragments_saved,
+            "seconds": self.seconds,
+            "peak_rss_bytes": self.peak_rss,
+            "threads": self.threads,
+            "uuid": crate::fmt::uuid_string(&r.uuid),
+            "build_time": r.build_time,
+        })
+    }
+
+    /// A few aligned lines, each ending in a newline.
+    pub fn human(&self) -> String {
+        let r = self.report;
+        let bytes = |n: u64| match n {
+            0..1024 => format!("{n} bytes"),
+            _ => format!("{} bytes ({})", HumanCount(n), BinaryBytes(n)),
+        };
+        let ratio = self.ratio().map_or(String::new(), |x| {
+            format!(", {:.1} % of bytes in", 100.0 * x)
+        });
+        let lines = [
+            ("image", format!("{}", self.image.display())),
+            (
+                "inodes",
+                format!(
+                    "{} ({} files, {} directories, {} symlinks, {} special)",
+                    r.inodes, r.files, r.directories, r.symlinks, r.special
+                ),
+            ),
+            ("bytes in", bytes(r.bytes_in)),
+            ("image bytes", format!("{}{ratio}", bytes(r.image_bytes))),
+            ("dedupe", format!("{} saved", bytes(r.dedupe_saved))),
+            (
+                "fragments",
+                format!(
+                    "{} in fragments, {} saved",
+                    bytes(r.fragment_bytes),
+                    bytes(r.fragments_saved)
+                ),
+            ),
+            (
+                "time",
+                format!("{:.2} s, {} threads", self.seconds, self.threads),
+            ),
+            (
+                "peak memory",
+                self.peak_rss
+                    .map_or("unknown".into(), |n| format!("{}", BinaryBytes(n))),
+            ),
+        ];
+        lines
+            .iter()
+            .map(|(k, v)| format!("{k:<12} {v}\n"))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vmhwm() {
+        let s = "Name:\tferofs\nVmPeak:\t  20000 kB\nVmHWM:\t    5432 kB\nVmRSS:\t 100 kB\n";
+        assert_eq!(parse_vmhwm(s), Some(5432 * 1024));
+        assert_eq!(parse_vmhwm("VmRSS:\t 100 kB\n"), None);
+        assert_eq!(parse_vmhwm("VmHWM:\t 100 MB\n"), None);
+        assert!(peak_rss_bytes().is_some_and(|n| n > 0));
+    }
+
+    #[test]
+    fn summary_lines() {
+        let report = BuildReport {
+            inodes: 5,
+            directories: 2,
+            files: 3,
+            bytes_in: 10_000,
+            image_bytes: 4096,
+            fragment_bytes: 1500,
+            ..Default::default()
+        };
+        let s = Summary {
+            image: Path::new("x.erofs"),
+            report: &report,
+            seconds: 1.234,
+            threads: 2,
+            peak_rss: Some(3 << 20),
+        };
+        assert_eq!(
+            s.human(),
+            "image        x.erofs\n\
+             inodes       5 (3 files, 2 directories, 0 symlinks, 0 special)\n\
+             bytes in     10,000 bytes (9.77 KiB)\n\
+             image bytes  4,096 bytes (4.00 KiB), 41.0 % of bytes in\n\
+             dedupe       0 bytes saved\n\
+             fragments    1,500 bytes (1.46 KiB) in fragments, 0 bytes saved\n\
+             time         1.23 s, 2 threads\n\
+             peak memory  3.00 MiB\n"
+        );
+        let j = s.json();
+        assert_eq!(j["ratio"].as_f64(), Some(0.4096));
+        assert_eq!(j["peak_rss_bytes"].as_u64(), Some(3 << 20));
+        assert_eq!(j["uuid"], "00000000-0000-0000-0000-000000000000");
+        let empty = BuildReport::default();
+        let s = Summary {
+            report: &empty,
+            peak_rss: None,
+            ..s
+        };
+        assert!(s.json()["ratio"].is_null());
+        assert!(s.human().contains("image bytes  0 bytes\n"));
+        assert!(s.human().ends_with("peak memory  unknown\n"));
+    }
+}

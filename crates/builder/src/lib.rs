@@ -77,41 +77,34 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     }
     let meta = nids::assign(&tree, &plan, &placed.layouts, placed.end_blk)?;
     let blobs_at = meta.end_blk() + plan.shared_xattr_blocks();
-    let frag_blocks = fragment_blocks(&placed, tree.packed, plan.bs);
+    let frag_saved = fragments_saved(&placed, tree.packed, plan.bs);
     let layouts = std::mem::take(&mut placed.layouts);
     let blobs = blobs::place(&tree, &plan, &meta, layouts, blobs_at)?;
     let image = write::write_image(out, &tree, &plan, &meta, &blobs, o)?;
-    Ok(report(
-        &tree,
-        build_time,
-        &placed,
-        frag_blocks,
-        plan.bs,
-        &image,
-    ))
+    Ok(report(&tree, build_time, &placed, frag_saved, &image))
 }
 
-/// The packed inode's stored blocks, and the number of files with a fragment (each
-/// would take at least one block of its own without fragments).
-fn fragment_blocks(placed: &place::Placed, packed: Option<usize>, bs: u64) -> (u64, u64) {
+/// Bytes fragments saved, at least: what they would take on their own (a lower
+/// bound, see `Placed::fragment_alt`) less what the packed inode takes.
+fn fragments_saved(placed: &place::Placed, packed: Option<usize>, bs: u64) -> u64 {
     let Some(id) = packed.filter(|_| placed.packed.is_some()) else {
-        return (0, 0);
+        return 0;
     };
     let size = placed.packed.as_ref().map_or(0, |p| p.size);
     let stored = match &placed.layouts[id] {
-        layout::Layout::Compressed(z) => z.blocks,
-        _ => size.div_ceil(bs),
+        layout::Layout::Compressed(z) => {
+            z.blocks * bs + z.inline.as_ref().map_or(0, |(b, _)| b.len() as u64)
+        }
+        _ => size,
     };
-    let files = placed.layouts.iter().filter(|l| l.fragment()).count() as u64;
-    (stored, files)
+    placed.fragment_alt.saturating_sub(stored)
 }
 
 fn report(
     tree: &Tree,
     build_time: i64,
     placed: &place::Placed,
-    frag_blocks: (u64, u64),
-    bs: u64,
+    fragments_saved: u64,
     image: &write::Written,
 ) -> BuildReport {
     let mut r = BuildReport {
@@ -124,7 +117,7 @@ fn report(
         build_time,
         dedupe_saved: placed.dedupe_saved,
         fragment_bytes: placed.fragment_bytes,
-        fragments_saved: frag_blocks.1.saturating_sub(frag_blocks.0) * bs,
+        fragments_saved,
         ..Default::default()
     };
     for nd in &tree.nodes {

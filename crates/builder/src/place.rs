@@ -33,6 +33,9 @@ pub struct Placed {
     pub packed: Option<crate::frag::Packed>,
     /// Fragment bytes handed in.
     pub fragment_bytes: u64,
+    /// A lower bound of what the fragments would take without the packed inode: a
+    /// block each, or the file's size when it is shorter and its data could go inline.
+    pub fragment_alt: u64,
 }
 
 /// Store the data of every regular file of `tree` but the packed inode.
@@ -45,6 +48,7 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
         dedupe_saved: 0,
         packed: None,
         fragment_bytes: 0,
+        fragment_alt: 0,
     };
     let files: Vec<(usize, &crate::scan::Node, &std::path::PathBuf, u64)> = tree
         .nodes
@@ -120,7 +124,14 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
             &progress,
         )?;
         for (r, st) in reqs.iter().zip(stored) {
-            placed.layouts[r.id] = st.into();
+            let l: Layout = st.into();
+            if l.fragment() {
+                placed.fragment_alt += match l {
+                    Layout::Fragment { .. } if r.size < plan.bs && r.inline_tail => r.size,
+                    _ => plan.bs,
+                };
+            }
+            placed.layouts[r.id] = l;
         }
         placed.end_blk = end;
         placed.compressor_input = fed;

@@ -118,6 +118,7 @@ fn report(
         dedupe_saved: placed.dedupe_saved,
         fragment_bytes: placed.fragment_bytes,
         fragments_saved,
+        warnings: placed.warnings.clone(),
         ..Default::default()
     };
     for nd in &tree.nodes {

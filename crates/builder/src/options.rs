@@ -49,6 +49,9 @@ pub struct BuildOptions {
     pub dedupe: bool,
     /// `-m`: inodes in a compressed metabox inode (Linux 6.17+).
     pub metabox: bool,
+    /// `--sort FILE`: these files' data first, contiguous, in this order (paths
+    /// relative to the source). Listed files never go to fragments.
+    pub sort: Vec<Vec<u8>>,
     /// File bytes to store and done so far (the CLI's progress bar reads it).
     pub progress: Option<std::sync::Arc<crate::Progress>>,
 }
@@ -88,6 +91,7 @@ impl Default for BuildOptions {
             fragments: Fragments::Off,
             dedupe: false,
             metabox: false,
+            sort: Vec::new(),
             progress: None,
         }
     }
@@ -207,4 +211,7 @@ pub struct BuildReport {
     /// Image bytes saved by fragments: the blocks the fragments would have taken as
     /// ordinary pclusters or blocks, less what the packed inode takes.
     pub fragments_saved: u64,
+    /// Things the user should know that did not stop the build (e.g. `--sort` paths
+    /// that are not regular files of the tree).
+    pub warnings: Vec<String>,
 }

@@ -36,6 +36,8 @@ pub struct Placed {
     /// A lower bound of what the fragments would take without the packed inode: a
     /// block each, or the file's size when it is shorter and its data could go inline.
     pub fragment_alt: u64,
+    /// See [`BuildReport::warnings`].
+    pub warnings: Vec<String>,
 }
 
 /// Store the data of every regular file of `tree` but the packed inode.
@@ -49,8 +51,9 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
         packed: None,
         fragment_bytes: 0,
         fragment_alt: 0,
+        warnings: Vec::new(),
     };
-    let files: Vec<(usize, &crate::scan::Node, &std::path::PathBuf, u64)> = tree
+    let mut files: Vec<(usize, &crate::scan::Node, &std::path::PathBuf, u64)> = tree
         .nodes
         .iter()
         .enumerate()
@@ -60,6 +63,30 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
             _ => None,
         })
         .collect();
+    // `--sort`: the listed files first, in the listed order; the rest in inode order.
+    let mut listed = vec![false; tree.nodes.len()];
+    if !o.sort.is_empty() {
+        let mut rank = vec![usize::MAX; tree.nodes.len()];
+        for (k, p) in o.sort.iter().enumerate() {
+            let shown = String::from_utf8_lossy(p);
+            match tree.lookup(p) {
+                Some(id) if matches!(tree.nodes[id].kind, Kind::File { .. }) => {
+                    if rank[id] == usize::MAX {
+                        rank[id] = k;
+                        listed[id] = true;
+                    }
+                }
+                Some(_) => placed
+                    .warnings
+                    .push(format!("--sort: {shown} is not a regular file")),
+                None => placed
+                    .warnings
+                    .push(format!("--sort: {shown} is not in the source")),
+            }
+        }
+        // Stable: unlisted files (rank MAX) keep inode order behind the listed ones.
+        files.sort_by_key(|&(id, ..)| rank[id]);
+    }
     let threads = if o.threads == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {
@@ -97,6 +124,8 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
         for (k, &(id, nd, path, size)) in files.iter().enumerate() {
             let (_, pcl) = zdata::policy(c, &nd.rel);
             let frag = match o.fragments {
+                // Listed files stay together in the data region.
+                _ if listed[id] => FragMode::None,
                 Fragments::Off => FragMode::None,
                 Fragments::All { .. } => FragMode::Whole,
                 Fragments::Tails { .. } if size <= u64::from(pcl) => FragMode::Whole,

@@ -58,6 +58,27 @@ pub struct Tree {
     pub packed: Option<InodeId>,
 }
 
+impl Tree {
+    /// The inode at `path` (relative to the root; `/`-separated, leading and repeated
+    /// slashes ignored), following no symlinks.
+    pub fn lookup(&self, path: &[u8]) -> Option<InodeId> {
+        let mut id = self.root;
+        for comp in path
+            .split(|&b| b == b'/')
+            .filter(|c| !c.is_empty() && *c != b".")
+        {
+            let Kind::Dir { entries, .. } = &self.nodes.get(id)?.kind else {
+                return None;
+            };
+            let i = entries
+                .binary_search_by(|(name, _)| name.as_slice().cmp(comp))
+                .ok()?;
+            id = entries[i].1;
+        }
+        Some(id)
+    }
+}
+
 /// Deepest directory nesting accepted.
 const MAX_DEPTH: usize = 4096;
 

@@ -82,6 +82,30 @@ pub struct BuildArgs {
     /// Print the summary as one JSON object on stdout (instead of lines on stderr).
     #[arg(long)]
     json: bool,
+    /// Data order: a file listing paths (one per line, relative to the source) whose
+    /// data goes first, contiguous, in that order (e.g. what a program reads at start-up);
+    /// listed files are never put in fragments. `none` (mkfs.erofs's spelling): no list.
+    #[arg(long, value_name = "FILE")]
+    sort: Option<PathBuf>,
+}
+
+/// Read a `--sort` list: one path a line, relative to the source (a leading `/` or
+/// `./` is dropped), empty lines skipped.
+pub fn read_sort_list(path: &std::path::Path) -> Result<Vec<Vec<u8>>> {
+    if path.as_os_str() == "none" {
+        return Ok(Vec::new());
+    }
+    let text = std::fs::read(path).with_context(|| format!("--sort {}", path.display()))?;
+    Ok(text
+        .split(|&b| b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+        .map(|l| {
+            let l = l.strip_prefix(b"./").unwrap_or(l);
+            let start = l.iter().position(|&b| b != b'/').unwrap_or(l.len());
+            l[start..].to_vec()
+        })
+        .filter(|l| !l.is_empty())
+        .collect())
 }
 
 fn parse_uuid(s: &str) -> Result<UuidChoice> {
@@ -141,6 +165,9 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
     o.inline_data = ext.inline_data;
     o.dedupe = ext.dedupe;
     o.fragments = ext.fragments;
+    if let Some(s) = &a.sort {
+        o.sort = read_sort_list(s)?;
+    }
     o.threads = a.threads;
     o.fsync = a.fsync;
     if a.compress != "none" {
@@ -197,6 +224,9 @@ pub fn run(a: BuildArgs) -> Result<()> {
         },
         peak_rss: peak_rss_bytes(),
     };
+    for w in &report.warnings {
+        eprintln!("warning: {w}");
+    }
     if a.json {
         println!("{}", summary.json());
     } else if !a.quiet {

@@ -338,3 +338,86 @@ fn zeros_with_dedupe_build_about_as_fast_as_without() {
     // Not a benchmark: a guard against dedupe turning quadratic on runs of zeros.
     assert!(t1 <= 2.0 * t0 + 1.0, "dedupe {t1:.2}s vs {t0:.2}s without");
 }
+
+/// Byte range `[first, end)` of the blocks holding a file's data (inline parts aside).
+fn data_range(img: &Path, path: &str) -> (u64, u64) {
+    let st = json(&ok(&[&"stat", &"--json", &img, &path]));
+    let mut r = (u64::MAX, 0);
+    for e in st["extents"].as_array().expect("extents") {
+        if let Some(p) = e["physical"].as_u64() {
+            let n = e["stored"].as_u64().expect("stored");
+            r = (r.0.min(p), r.1.max(p + n.div_ceil(4096) * 4096));
+        }
+    }
+    r
+}
+
+#[test]
+fn sort_places_listed_files_first_contiguous_and_in_order() {
+    let d = scratch("sort");
+    let src = d.path().join("src");
+    std::fs::create_dir_all(src.join("sub")).expect("mkdir");
+    let mut r = Rng(11);
+    for i in 0..6 {
+        std::fs::write(src.join(format!("r{i}")), r.random(20_000 + 3000 * i)).expect("w");
+        std::fs::write(src.join(format!("sub/t{i}")), r.text(30_000 + 5000 * i)).expect("w");
+    }
+    let order = ["sub/t4", "r5", "/r0", "./sub/t1", "r3"];
+    let list = d.path().join("order.txt");
+    let text = format!("{}\nnope/missing\nsub\n\n", order.join("\n"));
+    std::fs::write(&list, text).expect("write");
+    let list = list.to_str().expect("utf-8");
+    for args in [
+        vec!["-z", "none"],
+        vec!["-z", "lz4hc", "-C", "16384"],
+        vec!["-z", "zstd", "-C", "65536", "-E", "smallest"],
+    ] {
+        let img = d.path().join("sorted.erofs");
+        let mut a: Vec<&str> = args.clone();
+        a.extend(["--sort", list]);
+        let mut c = ferofs();
+        c.arg("build").args(&a).arg(&src).arg(&img);
+        let out = c.output().expect("run");
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("warning: --sort: nope/missing is not in the source"),
+            "{err}"
+        );
+        assert!(
+            err.contains("warning: --sort: sub is not a regular file"),
+            "{err}"
+        );
+        let ranges: Vec<(u64, u64)> = order
+            .iter()
+            .map(|p| {
+                data_range(
+                    &img,
+                    &format!("/{}", p.trim_start_matches("./").trim_start_matches('/')),
+                )
+            })
+            .collect();
+        // First in the data region (block 1: block 0 holds the superblock), then each
+        // listed file right behind the one before.
+        assert_eq!(ranges[0].0, 4096, "{args:?}: {ranges:?}");
+        for w in ranges.windows(2) {
+            assert_eq!(
+                w[0].1, w[1].0,
+                "{args:?}: not contiguous/in order: {ranges:?}"
+            );
+        }
+        // Every other file comes later.
+        let end = ranges[ranges.len() - 1].1;
+        for p in ["r1", "r2", "r4", "sub/t0", "sub/t2", "sub/t3", "sub/t5"] {
+            let (s, _) = data_range(&img, &format!("/{p}"));
+            assert!(
+                s == u64::MAX || s >= end,
+                "{args:?}: {p} at {s} before {end}"
+            );
+        }
+        if kernel_available("sort") {
+            let m = Mount::erofs(&img);
+            assert_same_tree(&src, m.path());
+        }
+    }
+}

@@ -398,6 +398,7 @@ pub struct FileReq {
 /// Compress every file in `files` (inode order) and write the data at `next_blk`.
 /// Returns one `Stored` per file, the next free block and the input bytes handed to
 /// the compressors.
+#[allow(clippy::too_many_arguments)] // the stage's whole hand-off
 pub fn store_all(
     files: &[FileReq],
     c: &Compression,

@@ -28,7 +28,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Build an EROFS image from a directory.
-    Build(build::BuildArgs),
+    Build(Box<build::BuildArgs>),
     /// List a directory of an image (like `ls -l`).
     Ls {
         image: PathBuf,
@@ -70,7 +70,7 @@ enum Cmd {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Build(a) => build::run(a),
+        Cmd::Build(a) => build::run(*a),
         Cmd::Ls {
             image,
             path,

@@ -168,7 +168,7 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
             placed.dedupe_saved += fs.deduped;
             placed.fragment_bytes = fs.bytes_in;
             if !fs.is_empty() {
-                placed.packed = Some(fs.finish(&out.dir())?);
+                placed.packed = Some(fs.finish());
             }
         }
     } else {

@@ -496,7 +496,7 @@ pub fn store_all(
             ));
             if job.frag == FragMode::Whole {
                 if let Some(fs) = frags.as_deref_mut() {
-                    fs.begin(&files[job.file].rel);
+                    fs.begin();
                 }
             }
         }
@@ -809,7 +809,7 @@ fn finish_with_fragment(
     let bs = 1u64 << bits;
     let fs = frags.ok_or_else(|| BuildError::Options("internal: no fragment store".into()))?;
     if p.extents.is_empty() && last.lstart == 0 {
-        return Ok(Stored::Fragment(fs.add(&f.rel, &last.bytes)? as u64));
+        return Ok(Stored::Fragment(fs.add(&last.bytes)? as u64));
     }
     // The fragment counts at its raw size here: what it will compress to in the packed
     // inode is not known yet.
@@ -825,7 +825,7 @@ fn finish_with_fragment(
         }
         return store_raw(f, bytes.as_deref(), out, bits, next_blk);
     }
-    let id = fs.add(&f.rel, &last.bytes)?;
+    let id = fs.add(&last.bytes)?;
     // The tail head's block address is never read (the extent is a fragment); like
     // the sentinel, it carries the running value so compact packs stay consecutive.
     let blkaddr = u32::try_from(*next_blk).unwrap_or(u32::MAX);

@@ -57,6 +57,13 @@ impl Out {
         self.hasher.digest128().to_le_bytes()
     }
 
+    /// Read back `buf.len()` bytes written at `off`.
+    pub fn read_at(&self, off: u64, buf: &mut [u8]) -> Result<()> {
+        self.file
+            .read_exact_at(buf, off)
+            .map_err(io_err(&self.tmp, "read output"))
+    }
+
     /// The directory the image is written in (for spool files).
     pub fn dir(&self) -> PathBuf {
         match self.tmp.parent() {

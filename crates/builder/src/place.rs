@@ -116,6 +116,8 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
     let progress = o.progress.clone().unwrap_or_default();
     progress.set_total(files.iter().map(|&(.., size)| size).sum());
     if let Some(c) = &o.compression {
+        // Pcluster dedupe: identical pclusters of different files (or of one) stored once.
+        let mut pcl = o.dedupe.then(zdata::PclMap::default);
         let mut frags = match o.fragments {
             Fragments::Off => None,
             _ => Some(FragStore::new(&out.dir(), o.dedupe)?),
@@ -150,8 +152,10 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
             plan.first_blk,
             threads,
             frags.as_mut(),
+            pcl.as_mut(),
             &progress,
         )?;
+        placed.dedupe_saved += pcl.map_or(0, |m| m.saved);
         for (r, st) in reqs.iter().zip(stored) {
             let l: Layout = st.into();
             if l.fragment() {
@@ -250,6 +254,7 @@ pub fn store_packed(
         placed.end_blk,
         threads,
         None,
+        None,
         &progress,
     )?;
     progress.finish();
@@ -271,7 +276,7 @@ pub fn store_packed(
             Layout::Compressed(z) => {
                 if let Some(f) = z.fragment.as_mut() {
                     *f = off(*f)?;
-                    z.full_index = *f > u64::from(u32::MAX);
+                    z.full_index |= *f > u64::from(u32::MAX);
                     if z.full_index {
                         // Full indexes carry the offset's high half in the tail
                         // head's block address.

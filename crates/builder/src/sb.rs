@@ -88,6 +88,8 @@ pub struct SbFields {
     pub inline_pcluster: bool,
     /// The packed inode, when some file has a fragment.
     pub packed_nid: Option<u64>,
+    /// Some pcluster is referenced by several extents (full indexes).
+    pub shared_pclusters: bool,
 }
 
 /// The superblock (UUID still zero) for `f`.
@@ -111,6 +113,9 @@ pub fn superblock(f: &SbFields, cfg: &ComprCfg, label: Option<&str>) -> Result<S
     }
     if f.packed_nid.is_some() {
         feature_incompat |= INCOMPAT_FRAGMENTS;
+    }
+    if f.shared_pclusters {
+        feature_incompat |= INCOMPAT_DEDUPE;
     }
     let mut sb = Superblock {
         magic: MAGIC,

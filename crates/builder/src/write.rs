@@ -80,6 +80,9 @@ pub fn write_image(
         compressed,
         inline_pcluster: layouts.iter().any(Layout::inline_pcluster),
         // The packed inode counts only when some file has a fragment in it.
+        shared_pclusters: layouts
+            .iter()
+            .any(|l| matches!(l, Layout::Compressed(z) if z.full_index)),
         packed_nid: match tree.packed {
             Some(id) if layouts.iter().any(Layout::fragment) => Some(meta.nid(id)),
             _ => None,

@@ -150,6 +150,9 @@ struct Piece {
     plain: bool,
     /// Raw bytes for the packed inode (always the last piece of a file).
     frag: bool,
+    /// For a fragment: what it compressed to when that is known, else its length (a
+    /// bound for deciding whether the file shrinks).
+    est: u64,
 }
 
 struct Job {
@@ -230,6 +233,7 @@ fn compress_segment(
         return Ok(SegOut {
             pieces: vec![Piece {
                 lstart: job.start,
+                est: data.len() as u64,
                 bytes: data,
                 plain: false,
                 frag: true,
@@ -268,6 +272,7 @@ fn compress_segment(
                 bytes: data[at..(at + bsz).min(pos + n)].to_vec(),
                 plain: true,
                 frag: false,
+                est: 0,
             });
         }
     };
@@ -288,6 +293,7 @@ fn compress_segment(
                 bytes: data[pos..].to_vec(),
                 plain: false,
                 frag: true,
+                est: (len - pos) as u64,
             });
             fed -= (len - pos) as u64;
             break;
@@ -298,6 +304,7 @@ fn compress_segment(
                 bytes: data[pos..].to_vec(),
                 plain: true,
                 frag: false,
+                est: 0,
             });
             fed -= (len - pos) as u64;
             break;
@@ -335,6 +342,7 @@ fn compress_segment(
                 bytes: data[pos..].to_vec(),
                 plain: false,
                 frag: true,
+                est: written as u64,
             });
             break;
         }
@@ -344,6 +352,7 @@ fn compress_segment(
                 bytes: dst[..written].to_vec(),
                 plain: false,
                 frag: false,
+                est: 0,
             });
             pos += consumed;
         } else {
@@ -376,6 +385,15 @@ struct Pending {
     raw: Option<Vec<u8>>,
     /// The whole file is going to the packed inode (a fragment is open).
     whole_frag: bool,
+    /// Lclusters of the file (for the cost of full indexes).
+    lclusters: u64,
+    /// Some extent references another file's (or an earlier) pcluster.
+    shared: bool,
+    /// Blocks referenced instead of written; bytes that could have been.
+    reused: u64,
+    potential: u64,
+    /// Pcluster table entries this file added.
+    inserted: Vec<PclKey>,
 }
 
 /// What the committer needs to know about each file to decide on inlining.
@@ -407,6 +425,7 @@ pub fn store_all(
     mut next_blk: u64,
     threads: usize,
     mut frags: Option<&mut FragStore>,
+    mut pcl: Option<&mut PclMap>,
     progress: &crate::Progress,
 ) -> Result<(Vec<Stored>, u64, u64)> {
     let bs = 1u64 << bits;
@@ -474,7 +493,17 @@ pub fn store_all(
         if pending.as_ref().map(|(f, _)| *f) != Some(job.file) {
             if let Some((f, p)) = pending.take() {
                 let fs = frags.as_deref_mut();
-                results[f] = Some(finish_file(&files[f], p, c, out, bits, &mut next_blk, fs)?);
+                let pm = pcl.as_deref_mut();
+                results[f] = Some(finish_file(
+                    &files[f],
+                    p,
+                    c,
+                    out,
+                    bits,
+                    &mut next_blk,
+                    fs,
+                    pm,
+                )?);
                 done_upto = f + 1;
             }
             // Files without jobs (holes, empty) between the last one and this one.
@@ -492,6 +521,11 @@ pub fn store_all(
                     alg: job.alg,
                     raw: None,
                     whole_frag: job.frag == FragMode::Whole,
+                    lclusters: files[job.file].size.div_ceil(bs),
+                    shared: false,
+                    reused: 0,
+                    potential: 0,
+                    inserted: Vec::new(),
                 },
             ));
             if job.frag == FragMode::Whole {
@@ -516,7 +550,8 @@ pub fn store_all(
         }
         for piece in seg.pieces {
             if let Some(prev) = p.last.take() {
-                write_piece(prev, p, out, bits, &mut next_blk)?;
+                let len = piece.lstart - prev.lstart;
+                write_piece(prev, len, p, out, bits, &mut next_blk, pcl.as_deref_mut())?;
             }
             p.last = Some(piece);
         }
@@ -526,7 +561,17 @@ pub fn store_all(
     run_ordered(&jobs, threads, window, c, bs, progress, &mut commit)?;
     if let Some((f, p)) = pending.take() {
         let fs = frags;
-        results[f] = Some(finish_file(&files[f], p, c, out, bits, &mut next_blk, fs)?);
+        let pm = pcl.as_deref_mut();
+        results[f] = Some(finish_file(
+            &files[f],
+            p,
+            c,
+            out,
+            bits,
+            &mut next_blk,
+            fs,
+            pm,
+        )?);
         done_upto = f + 1;
     }
     for f in done_upto..files.len() {
@@ -671,18 +716,51 @@ fn store_raw(
     Ok(Stored::Data(d))
 }
 
+/// Pcluster dedupe (`-E dedupe`): every pcluster written so far, by content, so that
+/// an identical one (same stored bytes, algorithm and logical length: it decodes to
+/// the same data) is referenced instead of written again. The table is filled by the
+/// committer in job order, so what is shared does not depend on the thread count.
+#[derive(Default)]
+pub struct PclMap {
+    map: HashMap<PclKey, (u32, u16)>,
+    /// Bytes of pclusters referenced instead of written.
+    pub saved: u64,
+}
+
+/// (xxh3-128 of the stored bytes, their length, logical length, PLAIN, algorithm).
+type PclKey = (u128, usize, u64, bool, usize);
+
+/// Entries the table holds at most (about 60 MiB): later pclusters are still shared
+/// when they match, but no longer added.
+const PCL_MAP_MAX: usize = 1 << 20;
+
+/// Index bytes a file of `n` lclusters gains with full instead of compact indexes.
+fn full_index_extra(n: u64) -> u64 {
+    6 * n + 8
+}
+
+/// Write one piece (logical length `len`) behind the data, or with `pcl` reference an
+/// identical pcluster already written: once what the file would save that way
+/// outweighs the full index it then needs (compact indexes cannot point back).
 fn write_piece(
     piece: Piece,
+    len: u64,
     p: &mut Pending,
     out: &mut Out,
     bits: u8,
     next_blk: &mut u64,
+    pcl: Option<&mut PclMap>,
 ) -> Result<()> {
     let bs = 1u64 << bits;
     let blocks = if piece.plain {
         1
     } else {
         (piece.bytes.len() as u64).div_ceil(bs)
+    };
+    let kind = if piece.plain {
+        HeadKind::Plain
+    } else {
+        HeadKind::Head1
     };
     let mut buf = vec![0u8; (blocks * bs) as usize];
     if piece.plain {
@@ -692,16 +770,51 @@ fn write_piece(
         let off = buf.len() - piece.bytes.len();
         buf[off..].copy_from_slice(&piece.bytes);
     }
+    let mut new_key = None;
+    if let Some(m) = pcl {
+        let key = (
+            xxhash_rust::xxh3::xxh3_128(&piece.bytes),
+            piece.bytes.len(),
+            len,
+            piece.plain,
+            p.alg,
+        );
+        match m.map.get(&key) {
+            Some(&(blkaddr, b)) if u64::from(b) == blocks => {
+                p.potential += blocks * bs;
+                // Byte for byte: the hash only finds the candidate.
+                let mut old = vec![0u8; buf.len()];
+                out.read_at(u64::from(blkaddr) << bits, &mut old)?;
+                if old == buf && (p.shared || p.potential > full_index_extra(p.lclusters)) {
+                    p.extents.push(ExtentDesc {
+                        lstart: piece.lstart,
+                        kind,
+                        blkaddr,
+                        blocks: b,
+                    });
+                    p.shared = true;
+                    p.reused += blocks;
+                    m.saved += blocks * bs;
+                    return Ok(());
+                }
+            }
+            Some(_) => {}
+            None if m.map.len() < PCL_MAP_MAX => new_key = Some(key),
+            None => {}
+        }
+        let blkaddr = u32::try_from(*next_blk)
+            .map_err(|_| BuildError::TooLarge("compressed data beyond 2^32 blocks".into()))?;
+        if let Some(k) = new_key {
+            m.map.insert(k, (blkaddr, blocks as u16));
+            p.inserted.push(k);
+        }
+    }
     out.write_at(*next_blk << bits, &buf)?;
     let blkaddr = u32::try_from(*next_blk)
         .map_err(|_| BuildError::TooLarge("compressed data beyond 2^32 blocks".into()))?;
     p.extents.push(ExtentDesc {
         lstart: piece.lstart,
-        kind: if piece.plain {
-            HeadKind::Plain
-        } else {
-            HeadKind::Head1
-        },
+        kind,
         blkaddr,
         blocks: blocks as u16,
     });
@@ -709,6 +822,17 @@ fn write_piece(
     p.blocks += blocks;
     *next_blk += blocks;
     Ok(())
+}
+
+/// Undo what a file rolled back to uncompressed put in the pcluster table: its
+/// blocks are about to be overwritten.
+fn forget(p: &Pending, pcl: Option<&mut PclMap>, bs: u64) {
+    if let Some(m) = pcl {
+        for k in &p.inserted {
+            m.map.remove(k);
+        }
+        m.saved -= p.reused * bs;
+    }
 }
 
 /// Upper bound of the index area (compact 2B, any alignment) for `size` bytes.
@@ -720,6 +844,16 @@ pub fn max_index_bytes(size: u64, bits: u8) -> u64 {
         .unwrap_or(0)
 }
 
+/// Index bytes of a file (compact unless it shares pclusters: full).
+fn index_bytes(p: &Pending, size: u64, bits: u8) -> u64 {
+    if p.shared {
+        8 + 8 * size.div_ceil(1 << bits)
+    } else {
+        max_index_bytes(size, bits)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn finish_file(
     f: &FileReq,
     mut p: Pending,
@@ -728,6 +862,7 @@ fn finish_file(
     bits: u8,
     next_blk: &mut u64,
     frags: Option<&mut FragStore>,
+    mut pcl: Option<&mut PclMap>,
 ) -> Result<Stored> {
     let bs = 1u64 << bits;
     if p.whole_frag {
@@ -739,10 +874,10 @@ fn finish_file(
         return store_raw(f, bytes.as_deref(), out, bits, next_blk);
     };
     if last.frag {
-        return finish_with_fragment(f, p, last, bytes, c, out, bits, next_blk, frags);
+        return finish_with_fragment(f, p, last, bytes, c, out, bits, next_blk, frags, pcl);
     }
     // ztailpacking: the last extent behind the inode when the record fits one block.
-    let meta_before = f.fixed_meta.div_ceil(8) * 8 + 8 + max_index_bytes(f.size, bits);
+    let meta_before = f.fixed_meta.div_ceil(8) * 8 + 8 + index_bytes(&p, f.size, bits);
     let inline_ok = c.ztailpacking
         && (last.bytes.len() as u64) < bs
         && meta_before + last.bytes.len() as u64 <= bs;
@@ -761,13 +896,14 @@ fn finish_file(
         });
         inline = Some((last.bytes, last.plain));
     } else {
-        write_piece(last, &mut p, out, bits, next_blk)?;
+        let len = f.size - last.lstart;
+        write_piece(last, len, &mut p, out, bits, next_blk, pcl.as_deref_mut())?;
     }
     // Does the file shrink? Stored blocks + inline bytes + index vs. what it takes
     // uncompressed (its exact size when the tail can go inline, like mkfs.erofs; whole
     // blocks otherwise). A tie goes to uncompressed: it reads faster.
     let inline_len = inline.as_ref().map_or(0, |(b, _)| b.len() as u64);
-    let stored = p.blocks * bs + inline_len + max_index_bytes(f.size, bits) + 8;
+    let stored = p.blocks * bs + inline_len + index_bytes(&p, f.size, bits) + 8;
     let raw = if f.inline_tail {
         f.size
     } else {
@@ -775,6 +911,7 @@ fn finish_file(
     };
     if stored >= raw {
         // Roll back (nothing was written after this file) and store it raw.
+        forget(&p, pcl, bs);
         if let Some(first) = p.first_blk {
             *next_blk = first;
         }
@@ -785,9 +922,9 @@ fn finish_file(
         alg_id,
         extents: p.extents,
         inline,
-        blocks: p.blocks,
+        blocks: p.blocks + p.reused,
         fragment: None,
-        full_index: false,
+        full_index: p.shared,
     }))
 }
 
@@ -805,21 +942,24 @@ fn finish_with_fragment(
     bits: u8,
     next_blk: &mut u64,
     frags: Option<&mut FragStore>,
+    pcl: Option<&mut PclMap>,
 ) -> Result<Stored> {
     let bs = 1u64 << bits;
     let fs = frags.ok_or_else(|| BuildError::Options("internal: no fragment store".into()))?;
     if p.extents.is_empty() && last.lstart == 0 {
         return Ok(Stored::Fragment(fs.add(&last.bytes)? as u64));
     }
-    // The fragment counts at its raw size here: what it will compress to in the packed
-    // inode is not known yet.
-    let stored = p.blocks * bs + last.bytes.len() as u64 + max_index_bytes(f.size, bits) + 8;
+    // The fragment counts at what it compressed to alone, or its raw size (at most a
+    // pcluster) when it was not compressed: in the packed inode it will take about
+    // that or less.
+    let stored = p.blocks * bs + last.est + index_bytes(&p, f.size, bits) + 8;
     let raw = if f.inline_tail {
         f.size
     } else {
         f.size.div_ceil(bs) * bs
     };
     if stored >= raw {
+        forget(&p, pcl, bs);
         if let Some(first) = p.first_blk {
             *next_blk = first;
         }
@@ -840,8 +980,8 @@ fn finish_with_fragment(
         alg_id,
         extents: p.extents,
         inline: None,
-        blocks: p.blocks,
+        blocks: p.blocks + p.reused,
         fragment: Some(id as u64),
-        full_index: false,
+        full_index: p.shared,
     }))
 }

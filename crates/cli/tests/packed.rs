@@ -421,3 +421,55 @@ fn sort_places_listed_files_first_contiguous_and_in_order() {
         }
     }
 }
+
+#[test]
+fn files_sharing_a_prefix_share_its_pclusters_with_dedupe() {
+    let d = scratch("packed-prefix");
+    let src = d.path().join("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    let mut r = Rng(21);
+    let a = r.text(3 << 20);
+    let mut b = a[..2 << 20].to_vec();
+    b.extend(r.random(300_000));
+    std::fs::write(src.join("a"), &a).expect("write");
+    std::fs::write(src.join("b"), &b).expect("write");
+    let phys = |img: &Path, p: &str| -> (String, Vec<u64>) {
+        let st = json(&ok(&[&"stat", &"--json", &img, &p]));
+        let v = st["extents"]
+            .as_array()
+            .expect("extents")
+            .iter()
+            .filter_map(|e| e["physical"].as_u64())
+            .collect();
+        (st["layout"].as_str().unwrap_or("").to_string(), v)
+    };
+    for z in ["lz4hc", "zstd", "lzma"] {
+        let with = d.path().join("with.erofs");
+        build(&src, &with, &["-z", z, "-C", "16384", "-E", "dedupe"]);
+        let without = d.path().join("without.erofs");
+        build(&src, &without, &["-z", z, "-C", "16384"]);
+        let (la, pa) = phys(&with, "/a");
+        let (lb, pb) = phys(&with, "/b");
+        assert_eq!(la, "compressed-compact", "{z}");
+        // b points at a's pclusters for the shared 2 MiB: full indexes.
+        assert_eq!(lb, "compressed-full", "{z}");
+        let shared = pb.iter().filter(|p| pa.contains(p)).count();
+        let (_, pa0) = phys(&without, "/a");
+        // All of the prefix's pclusters but the last (where the files part) at least.
+        let prefix_pcl = pa0.len() * 2 / 3;
+        assert!(
+            shared + 2 >= prefix_pcl,
+            "{z}: {shared} shared of ~{prefix_pcl}"
+        );
+        let saved = image_blocks(&without) - image_blocks(&with);
+        assert!(
+            saved as usize + 8 >= shared * 4,
+            "{z}: saved {saved} blocks"
+        );
+        if kernel_available("prefix") {
+            let m = Mount::erofs(&with);
+            assert_same_tree(&src, m.path());
+        }
+        ok(&[&"check", &with]);
+    }
+}

@@ -561,7 +561,7 @@ pub fn store_all(
     run_ordered(&jobs, threads, window, c, bs, progress, &mut commit)?;
     if let Some((f, p)) = pending.take() {
         let fs = frags;
-        let pm = pcl.as_deref_mut();
+        let pm = pcl;
         results[f] = Some(finish_file(
             &files[f],
             p,

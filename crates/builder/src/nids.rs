@@ -11,6 +11,12 @@
 //! Preferred: nids count from byte 0 and the root (packed first) sits behind the
 //! superblock, like mkfs.erofs, so block 0 is not wasted. When the root does not fit
 //! there, its nid would not fit 16 bits: nids count from the metadata region instead.
+//!
+//! With a metabox (`-m`, [`assign_metabox`]) the same packing runs in the metabox
+//! inode's data, from its byte 0 (root first: nid `1 << 63`): its blocks are the blocks
+//! of that data, which the kernel reads like the image's (a record with inline data
+//! must not cross one of them; compact indexes pack by the position in that data). The
+//! metabox inode's own record then goes into the image alone ([`place_alone`]).
 
 use crate::layout::Layout;
 use crate::options::*;
@@ -91,11 +97,21 @@ pub struct MetaLayout {
     /// The superblock's meta_blkaddr: nids count from this block.
     pub blkaddr: u64,
     bs: u64,
+    /// The positions are in the metabox inode's data (base and blkaddr 0).
+    pub metabox: bool,
 }
+
+/// nid bit 63: the inode lives in the metabox inode's data.
+pub const NID_METABOX: u64 = 1 << 63;
 
 impl MetaLayout {
     pub fn nid(&self, id: InodeId) -> u64 {
-        (self.pos[id] - self.blkaddr * self.bs) / 32
+        let slot = (self.pos[id] - self.blkaddr * self.bs) / 32;
+        if self.metabox {
+            slot | NID_METABOX
+        } else {
+            slot
+        }
     }
 
     /// First block after the metadata region.
@@ -136,11 +152,54 @@ pub fn assign(tree: &Tree, plan: &Plan, layouts: &[Layout], base: u64) -> Result
         blocks,
         blkaddr,
         bs,
+        metabox: false,
     };
     if meta.nid(tree.root) > 0xFFFF {
         return Err(BuildError::TooLarge("root nid does not fit 16 bits".into()));
     }
     Ok(meta)
+}
+
+/// Pack the records of every inode of `tree` (data at `layouts`) into the metabox
+/// inode's data, from its byte 0. `blocks` is then the length of that data in blocks.
+pub fn assign_metabox(tree: &Tree, plan: &Plan, layouts: &[Layout]) -> Result<MetaLayout> {
+    let records: Vec<Record> = layouts
+        .iter()
+        .enumerate()
+        .map(|(id, l)| record(plan, id, l))
+        .collect();
+    let (pos, blocks) =
+        pack(&records, tree.root, 0, None, plan.bs).map_err(|id| BuildError::Invalid {
+            path: String::from_utf8_lossy(&tree.nodes[id].rel)
+                .into_owned()
+                .into(),
+            what: "inline record larger than a block".into(),
+        })?;
+    Ok(MetaLayout {
+        pos,
+        base: 0,
+        blocks,
+        blkaddr: 0,
+        bs: plan.bs,
+        metabox: true,
+    })
+}
+
+/// Where one record goes when it is the only one in the image's metadata: at byte
+/// `from` (rounded up to 32) when it ends by byte `limit`, else from block `base`,
+/// across blocks unless it is block-bound. Returns its byte position and the blocks it
+/// takes from `base`, or None when a block-bound record is longer than a block.
+pub fn place_alone(rec: Record, from: u64, limit: u64, base: u64, bs: u64) -> Option<(u64, u64)> {
+    let at = from.div_ceil(32) * 32;
+    if at + rec.shape.len(at) <= limit {
+        return Some((at, 0));
+    }
+    let at = base * bs;
+    let len = rec.shape.len(at);
+    if rec.bound && len > bs {
+        return None;
+    }
+    Some((at, len.div_ceil(bs)))
 }
 
 /// Free slots (free bytes, absolute block, start offset in the block): best fit, ties
@@ -280,6 +339,37 @@ mod tests {
         assert_eq!(pos[4], 10 * 4096 + 3008);
         assert_eq!(blocks, 2);
         Ok(())
+    }
+
+    #[test]
+    fn alone_behind_the_superblock_or_from_base() {
+        let small = fixed(200, false);
+        // Block 0 free from byte 1168: rounded up to 1184.
+        assert_eq!(place_alone(small, 1168, 4096, 9, 4096), Some((1184, 0)));
+        // 3000 bytes do not fit 1184..4096: block 9, one block.
+        let big = fixed(3000, false);
+        assert_eq!(place_alone(big, 1168, 4096, 9, 4096), Some((9 * 4096, 1)));
+        // A long unbound record runs across blocks; a bound one may not.
+        assert_eq!(
+            place_alone(fixed(9000, false), 1168, 4096, 9, 4096),
+            Some((9 * 4096, 3))
+        );
+        assert_eq!(place_alone(fixed(4097, true), 1168, 4096, 9, 4096), None);
+    }
+
+    #[test]
+    fn metabox_nids_have_bit_63() {
+        let m = MetaLayout {
+            pos: vec![0, 96, 4096],
+            base: 0,
+            blocks: 2,
+            blkaddr: 0,
+            bs: 4096,
+            metabox: true,
+        };
+        assert_eq!(m.nid(0), 1 << 63);
+        assert_eq!(m.nid(1), (1 << 63) | 3);
+        assert_eq!(m.nid(2), (1 << 63) | 128);
     }
 
     #[test]

@@ -197,6 +197,12 @@ pub fn run(a: BuildArgs) -> Result<()> {
             report.inodes,
             t0.elapsed().as_secs_f64()
         );
+        if opts.metabox {
+            eprintln!(
+                "metabox: {} bytes of metadata stored in {} bytes",
+                report.metabox_bytes, report.metabox_stored
+            );
+        }
     }
     Ok(())
 }

@@ -18,13 +18,16 @@
 //! 5 directory and symlink blocks, encoded with the nids  blobs  Blobs (every Layout)
 //! 6 write: records (record), shared xattrs, blobs, then  write  Written
 //!   superblock and checksum (sb) last; rename into place
+//! 4-6 with `-m`: records into the metabox inode's data,  metabox Written
+//!   which is then stored like a file
 //! ```
 //! Helpers: [`dir`] (directory blocks), [`xattrs`] (xattr plan), `layout` (the `Layout`
 //! hand-off), `out` (the output file), [`options`] (options, errors, report).
 //!
 //! Layout: `[block 0: superblock][data region][metadata region][shared xattrs]
-//! [directory and symlink blocks]`. The same tree and options give the same bytes
-//! (`scripts/same-bytes` compares two builds over a matrix of options).
+//! [directory and symlink blocks]` (with `-m`, see `metabox`). The same tree and
+//! options give the same bytes (`scripts/same-bytes` compares two builds over a matrix
+//! of options).
 
 #![forbid(unsafe_code)]
 
@@ -34,6 +37,7 @@ mod dedupe;
 pub mod dir;
 mod frag;
 mod layout;
+mod metabox;
 mod nids;
 pub mod options;
 mod out;
@@ -75,13 +79,29 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
         plan.set_file_size(id, p.size);
         place::store_packed(id, &plan, o, &mut out, &mut placed)?;
     }
-    let meta = nids::assign(&tree, &plan, &placed.layouts, placed.end_blk)?;
-    let blobs_at = meta.end_blk() + plan.shared_xattr_blocks();
     let frag_saved = fragments_saved(&placed, tree.packed, plan.bs);
-    let layouts = std::mem::take(&mut placed.layouts);
-    let blobs = blobs::place(&tree, &plan, &meta, layouts, blobs_at)?;
-    let image = write::write_image(out, &tree, &plan, &meta, &blobs, o)?;
-    Ok(report(&tree, build_time, &placed, frag_saved, &image))
+    let stats = place::Stats::of(&placed);
+    let inodes = tree.nodes.len();
+    let (image, mb) = if o.metabox {
+        metabox::build(&mut tree, &mut plan, placed, out, o)?
+    } else {
+        let meta = nids::assign(&tree, &plan, &placed.layouts, placed.end_blk)?;
+        let blobs_at = meta.end_blk() + plan.shared_xattr_blocks();
+        let blobs = blobs::place(&tree, &plan, &meta, placed.layouts, blobs_at)?;
+        let image = write::write_image(out, &tree, &plan, &meta, &blobs, o)?;
+        (image, metabox::Stats::default())
+    };
+    let mut r = report(
+        &tree.nodes[..inodes],
+        tree.packed,
+        build_time,
+        &stats,
+        frag_saved,
+        &image,
+    );
+    r.metabox_bytes = mb.bytes;
+    r.metabox_stored = mb.stored;
+    Ok(r)
 }
 
 /// Bytes fragments saved, at least: what they would take on their own (a lower
@@ -101,14 +121,15 @@ fn fragments_saved(placed: &place::Placed, packed: Option<usize>, bs: u64) -> u6
 }
 
 fn report(
-    tree: &Tree,
+    nodes: &[scan::Node],
+    packed: Option<usize>,
     build_time: i64,
-    placed: &place::Placed,
+    placed: &place::Stats,
     fragments_saved: u64,
     image: &write::Written,
 ) -> BuildReport {
     let mut r = BuildReport {
-        inodes: tree.nodes.len() as u64,
+        inodes: nodes.len() as u64,
         bytes_in: placed.bytes_in,
         compressor_input: placed.compressor_input,
         image_bytes: image.bytes,
@@ -121,7 +142,7 @@ fn report(
         warnings: placed.warnings.clone(),
         ..Default::default()
     };
-    for nd in &tree.nodes {
+    for nd in nodes {
         match nd.kind {
             Kind::Dir { .. } => r.directories += 1,
             Kind::File { .. } => r.files += 1,
@@ -129,7 +150,7 @@ fn report(
             _ => r.special += 1,
         }
     }
-    if tree.packed.is_some() {
+    if packed.is_some() {
         // The packed inode is no file of the tree.
         r.files = r.files.saturating_sub(1);
     }

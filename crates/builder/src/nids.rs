@@ -11,6 +11,12 @@
 //! Preferred: nids count from byte 0 and the root (packed first) sits behind the
 //! superblock, like mkfs.erofs, so block 0 is not wasted. When the root does not fit
 //! there, its nid would not fit 16 bits: nids count from the metadata region instead.
+//!
+//! With a metabox (`-m`, [`assign_metabox`]) the same packing runs in the metabox
+//! inode's data, from its byte 0 (root first: nid `1 << 63`): its blocks are the blocks
+//! of that data, which the kernel reads like the image's (a record with inline data
+//! must not cross one of them; compact indexes pack by the position in that data). The
+//! metabox inode's own record then goes into the image alone ([`place_alone`]).
 
 use crate::layout::Layout;
 use crate::options::*;
@@ -99,11 +105,21 @@ pub struct MetaLayout {
     /// The superblock's meta_blkaddr: nids count from this block.
     pub blkaddr: u64,
     bs: u64,
+    /// The positions are in the metabox inode's data (base and blkaddr 0).
+    pub metabox: bool,
 }
+
+/// nid bit 63: the inode lives in the metabox inode's data.
+pub const NID_METABOX: u64 = 1 << 63;
 
 impl MetaLayout {
     pub fn nid(&self, id: InodeId) -> u64 {
-        (self.pos[id] - self.blkaddr * self.bs) / 32
+        let slot = (self.pos[id] - self.blkaddr * self.bs) / 32;
+        if self.metabox {
+            slot | NID_METABOX
+        } else {
+            slot
+        }
     }
 
     /// First block after the metadata region.
@@ -144,11 +160,72 @@ pub fn assign(tree: &Tree, plan: &Plan, layouts: &[Layout], base: u64) -> Result
         blocks,
         blkaddr,
         bs,
+        metabox: false,
     };
     if meta.nid(tree.root) > 0xFFFF {
         return Err(BuildError::TooLarge("root nid does not fit 16 bits".into()));
     }
     Ok(meta)
+}
+
+/// Pack the records of every inode of `tree` (data at `layouts`) into the metabox
+/// inode's data, from its byte 0. `blocks` is then the length of that data in blocks.
+pub fn assign_metabox(tree: &Tree, plan: &Plan, layouts: &[Layout]) -> Result<MetaLayout> {
+    let records: Vec<Record> = layouts
+        .iter()
+        .enumerate()
+        .map(|(id, l)| record(plan, id, l))
+        .collect();
+    let (pos, blocks) =
+        pack(&records, tree.root, 0, None, plan.bs).map_err(|id| BuildError::Invalid {
+            path: String::from_utf8_lossy(&tree.nodes[id].rel)
+                .into_owned()
+                .into(),
+            what: "inline record larger than a block".into(),
+        })?;
+    Ok(MetaLayout {
+        pos,
+        base: 0,
+        blocks,
+        blkaddr: 0,
+        bs: plan.bs,
+        metabox: true,
+    })
+}
+
+/// Where records kept out of a metabox go, one after the other: behind the
+/// superblock from byte `from` while they fit by byte `limit`, else from block `base`
+/// on, across blocks unless block-bound (then at a block start when it would cross).
+/// Returns each record's byte position and the blocks taken from `base`, or the index
+/// of a block-bound record longer than a block.
+pub fn place_outside(
+    recs: &[Record],
+    from: u64,
+    limit: u64,
+    base: u64,
+    bs: u64,
+) -> Result<(Vec<u64>, u64), usize> {
+    let mut at0 = from;
+    let mut at = base * bs;
+    let mut pos = Vec::with_capacity(recs.len());
+    for (i, r) in recs.iter().enumerate() {
+        let a = at0.div_ceil(32) * 32;
+        if a + r.shape.len(a) <= limit {
+            at0 = a + r.shape.len(a);
+            pos.push(a);
+            continue;
+        }
+        let mut a = at.div_ceil(32) * 32;
+        if r.bound && r.shape.len(a) > bs {
+            return Err(i);
+        }
+        if r.bound && a % bs + r.shape.len(a) > bs {
+            a = a.div_ceil(bs) * bs;
+        }
+        at = a + r.shape.len(a);
+        pos.push(a);
+    }
+    Ok((pos, (at - base * bs).div_ceil(bs)))
 }
 
 /// Free slots (free bytes, absolute block, start offset in the block): best fit, ties
@@ -288,6 +365,43 @@ mod tests {
         assert_eq!(pos[4], 10 * 4096 + 3008);
         assert_eq!(blocks, 2);
         Ok(())
+    }
+
+    #[test]
+    fn outside_records_behind_the_superblock_or_from_base() {
+        // Block 0 free from byte 1168: rounded up to 1184; the next one behind it.
+        let (pos, blocks) =
+            place_outside(&[fixed(200, false), fixed(64, false)], 1168, 4096, 9, 4096)
+                .expect("fits");
+        assert_eq!((pos, blocks), (vec![1184, 1408], 0));
+        // 3000 bytes do not fit 1184..4096: block 9; a short one still goes behind the
+        // superblock; a long unbound record runs across blocks.
+        let recs = [fixed(3000, false), fixed(100, false), fixed(9000, false)];
+        let (pos, blocks) = place_outside(&recs, 1168, 4096, 9, 4096).expect("fits");
+        assert_eq!((pos, blocks), (vec![9 * 4096, 1184, 9 * 4096 + 3008], 3));
+        // A bound record does not cross a block boundary, and may not exceed one.
+        let recs = [fixed(3000, false), fixed(2000, true)];
+        let (pos, blocks) = place_outside(&recs, 4000, 4096, 9, 4096).expect("fits");
+        assert_eq!((pos, blocks), (vec![9 * 4096, 10 * 4096], 2));
+        assert_eq!(
+            place_outside(&[fixed(4097, true)], 1168, 4096, 9, 4096),
+            Err(0)
+        );
+    }
+
+    #[test]
+    fn metabox_nids_have_bit_63() {
+        let m = MetaLayout {
+            pos: vec![0, 96, 4096],
+            base: 0,
+            blocks: 2,
+            blkaddr: 0,
+            bs: 4096,
+            metabox: true,
+        };
+        assert_eq!(m.nid(0), 1 << 63);
+        assert_eq!(m.nid(1), (1 << 63) | 3);
+        assert_eq!(m.nid(2), (1 << 63) | 128);
     }
 
     #[test]

@@ -47,13 +47,16 @@ pub struct BuildOptions {
     pub fragments: Fragments,
     /// `-E dedupe`: identical data stored once.
     pub dedupe: bool,
-    /// `-m`: inodes in a compressed metabox inode (Linux 6.17+).
+    /// `-m`: every inode's metadata (core, xattrs, inline data, index) in the data of a
+    /// metabox inode, compressed like file data (Linux 6.17+; implies the 48-bit layout).
     pub metabox: bool,
     /// `--sort FILE`: these files' data first, contiguous, in this order (paths
     /// relative to the source). Listed files never go to fragments.
     pub sort: Vec<Vec<u8>>,
     /// File bytes to store and done so far (the CLI's progress bar reads it).
     pub progress: Option<std::sync::Arc<crate::Progress>>,
+    /// The metabox inode's pcluster size in bytes (0: the image's `-C`).
+    pub metabox_pcluster_size: u32,
 }
 
 /// Which file data goes into the packed inode (`-E fragments`, `-E all-fragments`).
@@ -92,12 +95,22 @@ impl Default for BuildOptions {
             dedupe: false,
             metabox: false,
             sort: Vec::new(),
+            metabox_pcluster_size: 0,
             progress: None,
         }
     }
 }
 
 impl BuildOptions {
+    /// The metabox inode's pcluster size, when it is compressed.
+    pub(crate) fn metabox_pcluster(&self) -> Option<u32> {
+        let c = self.compression.as_ref().filter(|_| self.metabox)?;
+        Some(match self.metabox_pcluster_size {
+            0 => c.pcluster_size,
+            p => p,
+        })
+    }
+
     /// Reject options no image can be built with (before anything is read or written).
     pub(crate) fn check(&self) -> Result<()> {
         let o = self;
@@ -126,6 +139,16 @@ impl BuildOptions {
                     o.block_size
                 )));
             }
+        }
+        let p = o.metabox_pcluster_size;
+        if o.metabox
+            && p != 0
+            && (!p.is_multiple_of(o.block_size) || p > 1 << 20 || p / o.block_size > 2047)
+        {
+            return Err(BuildError::Options(format!(
+                "metabox pcluster size {p}: a multiple of the block size ({}), at most 1 MiB and 2047 blocks",
+                o.block_size
+            )));
         }
         if let Some(c) = &o.compression {
             if c.algorithms.is_empty() {
@@ -214,4 +237,8 @@ pub struct BuildReport {
     /// Things the user should know that did not stop the build (e.g. `--sort` paths
     /// that are not regular files of the tree).
     pub warnings: Vec<String>,
+    /// `-m`: bytes of metadata in the metabox inode, and what they take in the image
+    /// (its data blocks and inline tail).
+    pub metabox_bytes: u64,
+    pub metabox_stored: u64,
 }

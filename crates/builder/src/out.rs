@@ -72,6 +72,14 @@ impl Out {
         }
     }
 
+    /// A path beside the temporary output for scratch data named `what` (the caller
+    /// removes it).
+    pub fn scratch_path(&self, what: &str) -> PathBuf {
+        let mut name = self.tmp.file_name().unwrap_or_default().to_os_string();
+        name.push(format!(".{what}"));
+        self.tmp.with_file_name(name)
+    }
+
     pub fn set_len(&mut self, len: u64) -> Result<()> {
         self.file
             .set_len(len)

@@ -40,6 +40,27 @@ pub struct Placed {
     pub warnings: Vec<String>,
 }
 
+/// The figures of [`Placed`] the build report needs.
+pub struct Stats {
+    pub bytes_in: u64,
+    pub compressor_input: u64,
+    pub dedupe_saved: u64,
+    pub fragment_bytes: u64,
+    pub warnings: Vec<String>,
+}
+
+impl Stats {
+    pub fn of(p: &Placed) -> Stats {
+        Stats {
+            bytes_in: p.bytes_in,
+            compressor_input: p.compressor_input,
+            dedupe_saved: p.dedupe_saved,
+            fragment_bytes: p.fragment_bytes,
+            warnings: p.warnings.clone(),
+        }
+    }
+}
+
 /// Store the data of every regular file of `tree` but the packed inode.
 pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> Result<Placed> {
     let mut placed = Placed {

@@ -14,19 +14,29 @@ pub struct ComprCfg {
     pub algs: u16,
     /// The records, each 4-byte aligned relative to the superblock.
     pub bytes: Vec<u8>,
+    /// Bytes of the superblock they follow: 128, or 144 with the extension slot that
+    /// holds `metabox_nid`.
+    pub sb_size: usize,
 }
 
 impl ComprCfg {
     pub fn new(o: &BuildOptions) -> Self {
+        let sb_size = if o.metabox {
+            SB_BASE_SIZE + 16
+        } else {
+            SB_BASE_SIZE
+        };
         let Some(c) = &o.compression else {
             return ComprCfg {
                 needed: false,
                 algs: 0,
                 bytes: Vec::new(),
+                sb_size,
             };
         };
         let max_pcl = std::iter::once(c.pcluster_size)
             .chain(c.hints.iter().map(|h| h.pcluster_size))
+            .chain(o.metabox_pcluster())
             .max()
             .unwrap_or(o.block_size);
         let mut algs = 0u16;
@@ -52,7 +62,7 @@ impl ComprCfg {
                     .unwrap_or(0);
                 let rec =
                     ferofs_compress::config_record(alg, dict, (max_pcl / o.block_size) as u16);
-                while !(SB_BASE_SIZE + bytes.len()).is_multiple_of(4) {
+                while !(sb_size + bytes.len()).is_multiple_of(4) {
                     bytes.push(0);
                 }
                 bytes.extend_from_slice(&(rec.len() as u16).to_le_bytes());
@@ -63,19 +73,24 @@ impl ComprCfg {
             needed,
             algs,
             bytes,
+            sb_size,
         }
     }
 
     /// First byte after the superblock and the records.
     pub fn end(&self) -> u64 {
-        SB_OFFSET + SB_BASE_SIZE as u64 + self.bytes.len() as u64
+        SB_OFFSET + self.sb_size as u64 + self.bytes.len() as u64
     }
 }
 
 /// What the superblock says about the image, gathered by the write stage.
 pub struct SbFields {
     pub blkszbits: u8,
-    pub root_nid: u16,
+    /// Bit 63 set (root in the metabox) needs `metabox_nid`.
+    pub root_nid: u64,
+    /// The metabox inode's nid (`-m`): the 48-bit layout, whose 64-bit root nid field
+    /// can hold a metabox nid, and the extension slot.
+    pub metabox_nid: Option<u64>,
     pub inos: u64,
     pub build_time: i64,
     pub total_blocks: u64,
@@ -117,6 +132,26 @@ pub fn superblock(f: &SbFields, cfg: &ComprCfg, label: Option<&str>) -> Result<S
     if f.shared_pclusters {
         feature_incompat |= INCOMPAT_DEDUPE;
     }
+    // Without the 48-bit layout the root nid is the 16-bit field; with it, a non-zero
+    // `rootnid_8b` is the root and the 16-bit field holds blocks_hi (0 here).
+    let (rootnid_2b, rootnid_8b, sb_extslots, metabox_nid) = match f.metabox_nid {
+        Some(m) => {
+            feature_incompat |= INCOMPAT_48BIT | INCOMPAT_METABOX;
+            (0, f.root_nid, 1, m)
+        }
+        None => (
+            u16::try_from(f.root_nid)
+                .map_err(|_| BuildError::TooLarge("root nid does not fit 16 bits".into()))?,
+            0,
+            0,
+            0,
+        ),
+    };
+    if cfg.sb_size != SB_BASE_SIZE + 16 * usize::from(sb_extslots) {
+        return Err(BuildError::Options(
+            "internal: superblock size differs from the plan's".into(),
+        ));
+    }
     let mut sb = Superblock {
         magic: MAGIC,
         feature_compat: COMPAT_SB_CHKSUM
@@ -127,7 +162,10 @@ pub fn superblock(f: &SbFields, cfg: &ComprCfg, label: Option<&str>) -> Result<S
                 0
             },
         blkszbits: f.blkszbits,
-        rootnid_2b: f.root_nid,
+        sb_extslots,
+        rootnid_2b,
+        rootnid_8b,
+        metabox_nid,
         inos: f.inos,
         epoch: f.build_time as u64,
         blocks_lo: u32::try_from(f.total_blocks)
@@ -188,4 +226,64 @@ fn set_v4(mut u: [u8; 16]) -> [u8; 16] {
     u[6] = (u[6] & 0x0F) | 0x40;
     u[8] = (u[8] & 0x3F) | 0x80;
     u
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::zdata::Compression;
+
+    fn fields(root_nid: u64, metabox_nid: Option<u64>) -> SbFields {
+        SbFields {
+            blkszbits: 12,
+            root_nid,
+            metabox_nid,
+            inos: 3,
+            build_time: 1_700_000_000,
+            total_blocks: 9,
+            meta_blkaddr: 0,
+            xattr_blkaddr: 8,
+            xattr_filter: false,
+            chunked: false,
+            compressed: true,
+            inline_pcluster: false,
+            packed_nid: None,
+            shared_pclusters: false,
+        }
+    }
+
+    #[test]
+    fn metabox_superblock() -> Result<()> {
+        let o = BuildOptions {
+            compression: Some(Compression::default()),
+            metabox: true,
+            metabox_pcluster_size: 65536,
+            ..BuildOptions::default()
+        };
+        let cfg = ComprCfg::new(&o);
+        // The 144-byte superblock, then the lz4 record (2 + 14 bytes) the 64 KiB
+        // metabox pcluster makes necessary.
+        assert_eq!(cfg.sb_size, 144);
+        assert!(cfg.needed);
+        assert_eq!(cfg.end(), 1024 + 144 + 16);
+        let sb = superblock(&fields(1 << 63, Some(37)), &cfg, None)?;
+        assert_eq!(sb.sb_size(), 144);
+        assert_eq!(sb.metabox_nid, 37);
+        assert_eq!(sb.rootnid_8b, 1 << 63);
+        assert_eq!(sb.rootnid_2b, 0);
+        assert_eq!(
+            sb.feature_incompat,
+            INCOMPAT_ZERO_PADDING | INCOMPAT_COMPR_CFGS | INCOMPAT_48BIT | INCOMPAT_METABOX
+        );
+        assert_eq!(sb.root_nid_and_blocks(), (1 << 63, 9));
+        let b = sb.encode();
+        assert_eq!(b.len(), 144);
+        assert_eq!(&b[0x80..0x88], &37u64.to_le_bytes());
+        // A superblock planned without the slot cannot take a metabox.
+        let plain = ComprCfg::new(&BuildOptions::default());
+        assert_eq!(plain.end(), 1024 + 128);
+        assert!(superblock(&fields(1 << 63, Some(37)), &plain, None).is_err());
+        assert!(superblock(&fields(1 << 16, None), &plain, None).is_err());
+        Ok(())
+    }
 }

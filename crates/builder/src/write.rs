@@ -11,7 +11,7 @@ use crate::out::Out;
 use crate::plan::Plan;
 use crate::record;
 use crate::sb;
-use crate::scan::Tree;
+use crate::scan::{InodeId, Tree};
 
 /// What the finished image is.
 pub struct Written {
@@ -38,16 +38,9 @@ pub fn write_image(
     // configs, and the records packed behind them.
     let mut block0 = vec![0u8; (plan.first_blk * bs) as usize];
     let mut region = vec![0u8; (meta.blocks * bs) as usize];
-    for (id, nd) in tree.nodes.iter().enumerate() {
+    for (id, layout) in layouts.iter().enumerate() {
         let p = meta.pos[id];
-        let rec = record::encode(plan, id, nd, &layouts[id], p, big_pcluster)?;
-        // The packer reserved the shape's length: a longer record would overwrite the
-        // next one.
-        if rec.len() as u64 != nids::record(plan, id, &layouts[id]).shape.len(p) {
-            return Err(BuildError::Options(format!(
-                "internal: inode {id}'s record is not as long as planned"
-            )));
-        }
+        let rec = record_at(tree, plan, id, layout, p, big_pcluster)?;
         let dst = if p < meta.base * bs {
             &mut block0[p as usize..p as usize + rec.len()]
         } else {
@@ -65,14 +58,13 @@ pub fn write_image(
         out.write_at(b.startblk * bs, &b.bytes)?;
     }
 
-    // Superblock, checksum last.
-    let total_blocks = blobs.end_blk;
     let fields = sb::SbFields {
         blkszbits: plan.bits,
-        root_nid: meta.nid(tree.root) as u16,
+        root_nid: meta.nid(tree.root),
+        metabox_nid: None,
         inos: tree.nodes.len() as u64,
         build_time: plan.build_time,
-        total_blocks,
+        total_blocks: blobs.end_blk,
         meta_blkaddr: meta.blkaddr,
         xattr_blkaddr: shared_blk,
         xattr_filter: plan.xattrs.any,
@@ -88,15 +80,53 @@ pub fn write_image(
             _ => None,
         },
     };
-    let mut sb = sb::superblock(&fields, &plan.cfg, o.label.as_deref())?;
+    finish(out, block0, &fields, plan, o)
+}
+
+/// The record of inode `id` (data at `layout`) placed at byte `pos` of its address
+/// space, checked against the length the packer reserved for it (a longer record would
+/// overwrite the next one).
+pub fn record_at(
+    tree: &Tree,
+    plan: &Plan,
+    id: InodeId,
+    layout: &Layout,
+    pos: u64,
+    big_pcluster: bool,
+) -> Result<Vec<u8>> {
+    let rec = record::encode(plan, id, &tree.nodes[id], layout, pos, big_pcluster)?;
+    if rec.len() as u64 != nids::record(plan, id, layout).shape.len(pos) {
+        return Err(BuildError::Options(format!(
+            "internal: inode {id}'s record is not as long as planned"
+        )));
+    }
+    Ok(rec)
+}
+
+/// Finish the image: the superblock for `fields` (checksum last) into `block0`, which
+/// is then written; size, sync and rename `out`.
+pub fn finish(
+    mut out: Out,
+    mut block0: Vec<u8>,
+    fields: &sb::SbFields,
+    plan: &Plan,
+    o: &BuildOptions,
+) -> Result<Written> {
+    let total_blocks = fields.total_blocks;
+    let mut sb = sb::superblock(fields, &plan.cfg, o.label.as_deref())?;
     sb.uuid = sb::uuid(o.uuid, &out, &sb)?;
-    sb::seal_block0(&mut block0, &sb, &plan.cfg, big_pcluster);
+    sb::seal_block0(
+        &mut block0,
+        &sb,
+        &plan.cfg,
+        fields.compressed && plan.cfg.needed,
+    );
     out.write_at(0, &block0)?;
-    out.set_len(total_blocks * bs)?;
+    out.set_len(total_blocks * plan.bs)?;
     out.finish(o.fsync)?;
     Ok(Written {
         blocks: total_blocks,
-        bytes: total_blocks * bs,
+        bytes: total_blocks * plan.bs,
         uuid: sb.uuid,
     })
 }

@@ -70,6 +70,19 @@ pub struct BuildArgs {
     /// `smallest` (= `ztailpacking,fragments,dedupe`: the smallest image Linux 6.1+ mounts).
     #[arg(short = 'E', value_name = "OPTS")]
     extended: Vec<String>,
+    /// Metadata compression (Linux 6.17+): every inode, with its xattrs, inline tail and
+    /// index, goes into one "metabox" inode compressed with the first -z algorithm; BYTES
+    /// is its pcluster size (default: -C). Saves most on trees of many small files.
+    /// Implies the 48-bit layout. (mkfs.erofs: `-mBYTES`; here `-m` or `-m=BYTES`.)
+    #[arg(
+        short = 'm',
+        long,
+        value_name = "BYTES",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "0"
+    )]
+    metabox: Option<u32>,
     /// Worker threads (0 = all cores). Output is identical for any value.
     #[arg(short = 'j', long, default_value_t = 0)]
     threads: usize,
@@ -170,6 +183,10 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
     }
     o.threads = a.threads;
     o.fsync = a.fsync;
+    if let Some(p) = a.metabox {
+        o.metabox = true;
+        o.metabox_pcluster_size = p;
+    }
     if a.compress != "none" {
         let mut c = Compression {
             algorithms: a
@@ -191,9 +208,10 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
         || a.compress_hints.is_some()
         || ztail
         || o.fragments != Fragments::Off
+        || a.metabox.is_some_and(|p| p != 0)
     {
         bail!(
-            "-C, --compress-hints, -E ztailpacking and -E fragments need compression (not -z none)"
+            "-C, --compress-hints, -E ztailpacking, -E fragments and a metabox pcluster size need compression (not -z none)"
         );
     }
     Ok(o)
@@ -231,6 +249,12 @@ pub fn run(a: BuildArgs) -> Result<()> {
         println!("{}", summary.json());
     } else if !a.quiet {
         eprint!("{}", summary.human());
+        if opts.metabox {
+            eprintln!(
+                "metabox      {} bytes of metadata stored in {} bytes",
+                report.metabox_bytes, report.metabox_stored
+            );
+        }
     }
     Ok(())
 }

@@ -119,6 +119,7 @@ pub fn inspect(image: &Path, json_out: bool) -> Result<()> {
         "feature_incompat": incompat,
         "compression_algorithms": algs,
         "packed_nid": sb.packed_nid,
+        "metabox_nid": sb.has_incompat(INCOMPAT_METABOX).then_some(sb.metabox_nid),
         "extra_devices": sb.extra_devices,
         "xattr_prefix_count": sb.xattr_prefix_count,
         "counts": {
@@ -142,6 +143,9 @@ pub fn inspect(image: &Path, json_out: bool) -> Result<()> {
         blocks * blksz
     )?;
     writeln!(out, "Root nid:          {root}")?;
+    if sb.has_incompat(INCOMPAT_METABOX) {
+        writeln!(out, "Metabox nid:       {}", sb.metabox_nid)?;
+    }
     writeln!(out, "Inodes:            {}", sb.inos)?;
     writeln!(out, "Meta block addr:   {}", sb.meta_blkaddr)?;
     writeln!(

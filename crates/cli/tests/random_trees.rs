@@ -1,6 +1,7 @@
 //! Generated trees (seeded, so failures reproduce): build, mount with the kernel,
 //! compare digests; then `ferofs extract` and compare again. Uncompressed and default
-//! builds at every block size, and every algorithm x pcluster x ztailpacking.
+//! builds at every block size, every algorithm x pcluster x ztailpacking, and the same
+//! with a metabox (`-m`).
 
 mod common;
 use common::*;
@@ -284,5 +285,53 @@ fn random_trees_every_compression_setting() {
             }
         }
         assert!(compressed >= 6, "{alg}: only {compressed} compressed files");
+    }
+}
+
+/// `-m`: every algorithm at 4 KiB and 1 MiB pclusters, with and without ztailpacking,
+/// and uncompressed at 1 KiB blocks, each on its own seeded tree.
+#[test]
+fn random_trees_metabox() {
+    if !kernel_available("random_trees_metabox") {
+        return;
+    }
+    let fs = Tmpfs::new("512M");
+    let mut seed = 300u64;
+    let mut cases: Vec<Vec<&str>> = vec![vec!["-b", "1024", "-z", "none", "-m"]];
+    for alg in ["lz4hc", "lzma", "deflate", "zstd"] {
+        for c in ["4096", "1048576"] {
+            for tail in [false, true] {
+                let mut a = vec!["-z", alg, "-C", c, "-m"];
+                if tail {
+                    a.extend(["-E", "ztailpacking"]);
+                }
+                cases.push(a);
+            }
+        }
+    }
+    for args in cases {
+        seed += 1;
+        let bs = if args[0] == "-b" { 1024 } else { 4096 };
+        let src = fs.path().join(format!("src{seed}"));
+        std::fs::create_dir(&src).expect("mkdir");
+        gen(&src, seed, bs);
+        let img = fs.path().join(format!("t{seed}.erofs"));
+        build(&src, &img, &args);
+        let what = format!("seed {seed} {args:?}");
+        let info = json(&ok(&[&"inspect", &"--json", &img]));
+        assert_eq!(info["root_nid"].as_u64(), Some(1 << 63), "{what}");
+        {
+            let m = Mount::erofs(&img);
+            assert_same_tree(&src, m.path());
+        }
+        ok(&[&"check", &img]);
+        let x = fs.path().join(format!("x{seed}"));
+        ok(&[&"extract", &img, &x]);
+        assert_same_tree(&src, &x);
+        ferofs_testkit::fsck_metabox(&img, &what);
+        for p in [&src, &x] {
+            std::fs::remove_dir_all(p).expect("rm");
+        }
+        std::fs::remove_file(&img).expect("rm");
     }
 }

@@ -243,6 +243,56 @@ pub fn tool(name: &str) -> Option<PathBuf> {
 /// Run `fsck.erofs IMAGE`; returns Err(output) on failure. Panics if fsck.erofs is missing.
 pub fn fsck_erofs(image: &Path) -> Result<String, String> {
     let fsck = tool("fsck.erofs").expect("fsck.erofs not installed (apt-get install erofs-utils)");
+    fsck_erofs_with(&fsck, image)
+}
+
+/// The installed fsck.erofs version as (major, minor), from `fsck.erofs -V`.
+pub fn fsck_erofs_version() -> Option<(u32, u32)> {
+    tool_version(&tool("fsck.erofs")?)
+}
+
+/// (major, minor) from `TOOL -V`: "fsck.erofs 1.5", "fsck.erofs (erofs-utils) 1.9.3".
+fn tool_version(tool: &Path) -> Option<(u32, u32)> {
+    let out = Command::new(tool).arg("-V").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = text
+        .split_whitespace()
+        .find(|w| w.starts_with(|c: char| c.is_ascii_digit()))?;
+    let mut it = v.split(['.', '-']);
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
+/// An fsck.erofs that knows metabox images (erofs-utils 1.9+): `$FEROFS_FSCK_EROFS`,
+/// then the locally built 1.9.3 in `anchors/` beside `shared/`, then the one on PATH
+/// if it is new enough. None when there is none (Debian 12's 1.5 is not).
+pub fn fsck_erofs_metabox() -> Option<PathBuf> {
+    let anchors = shared_dir().join("../anchors/erofs-utils/bin/fsck.erofs");
+    std::env::var_os("FEROFS_FSCK_EROFS")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([anchors])
+        .chain(tool("fsck.erofs"))
+        .find(|p| p.is_file() && tool_version(p).is_some_and(|v| v >= (1, 9)))
+}
+
+/// Run an fsck.erofs that knows metabox images on `image` (panicking with `what` when
+/// it fails), or print a loud SKIPPED line when there is none.
+pub fn fsck_metabox(image: &Path, what: &str) {
+    match fsck_erofs_metabox() {
+        Some(fsck) => {
+            if let Err(e) = fsck_erofs_with(&fsck, image) {
+                panic!("{what}: {} failed:\n{e}", fsck.display());
+            }
+        }
+        None => eprintln!(
+            "SKIPPED fsck.erofs for {what}: no fsck.erofs 1.9+ (set FEROFS_FSCK_EROFS); \
+             the kernel mount, ferofs check and extract are the checks"
+        ),
+    }
+}
+
+/// Run `fsck` (an fsck.erofs) on `image`; Err(output) on failure.
+pub fn fsck_erofs_with(fsck: &Path, image: &Path) -> Result<String, String> {
     let out = Command::new(fsck)
         .arg(image)
         .output()
@@ -257,16 +307,6 @@ pub fn fsck_erofs(image: &Path) -> Result<String, String> {
     } else {
         Err(text)
     }
-}
-
-/// The installed fsck.erofs version as (major, minor), from `fsck.erofs -V`.
-pub fn fsck_erofs_version() -> Option<(u32, u32)> {
-    let fsck = tool("fsck.erofs")?;
-    let out = Command::new(fsck).arg("-V").output().ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v = text.split_whitespace().nth(1)?;
-    let mut it = v.split(['.', '-']);
-    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
 }
 
 /// Run fsck.erofs when it can read images with this block size: erofs-utils before 1.7

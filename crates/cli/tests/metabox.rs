@@ -1,0 +1,153 @@
+//! `-m` (metabox, Linux 6.17+) through the kernel: every algorithm at 4 KiB and 1 MiB
+//! pclusters, with and without ztailpacking, builds the make-tree tree with its inodes
+//! in the metabox; the kernel mount equals the tree, `ferofs check` passes, `ferofs
+//! extract` gives the tree back, and an fsck.erofs that knows metabox images (1.9+)
+//! passes. (Seeded random trees: `random_trees.rs`.)
+
+mod common;
+use common::*;
+use ferofs_testkit::*;
+use std::io::Read;
+use std::path::Path;
+
+const IN_METABOX: u64 = 1 << 63;
+
+/// The superblock says metabox: one extension slot, 48-bit and metabox incompat bits,
+/// the root's 64-bit nid in the metabox and the metabox inode's nid outside it.
+/// Returns the metabox nid.
+fn assert_metabox_superblock(img: &Path) -> u64 {
+    let mut b = [0u8; 1024 + 144];
+    std::fs::File::open(img)
+        .and_then(|mut f| f.read_exact(&mut b))
+        .expect("read superblock");
+    let sb = &b[1024..];
+    let u64_at = |o: usize| u64::from_le_bytes(sb[o..o + 8].try_into().expect("8 bytes"));
+    assert_eq!(sb[0x0D], 1, "sb_extslots");
+    let incompat = u32::from_le_bytes(sb[0x50..0x54].try_into().expect("4 bytes"));
+    assert_eq!(incompat & 0x180, 0x180, "48bit and metabox: {incompat:#x}");
+    assert_eq!(&sb[0x0E..0x10], &[0, 0], "blocks_hi");
+    assert_eq!(u64_at(0x70), IN_METABOX, "rootnid_8b");
+    let mb = u64_at(0x80);
+    assert!(mb != 0 && mb & IN_METABOX == 0, "metabox_nid {mb:#x}");
+    let info = json(&ok(&[&"inspect", &"--json", &img]));
+    assert_eq!(info["root_nid"].as_u64(), Some(IN_METABOX));
+    assert_eq!(info["metabox_nid"].as_u64(), Some(mb));
+    assert_eq!(info["sb_size"].as_u64(), Some(144));
+    mb
+}
+
+/// Every inode the root directory names lives in the metabox.
+fn assert_inodes_in_metabox(img: &Path) {
+    let st = json(&ok(&[&"stat", &"--json", &img, &"/"]));
+    assert_eq!(st["nid"].as_u64(), Some(IN_METABOX), "{st}");
+    let ls = json(&ok(&[&"ls", &"--json", &img, &"/"]));
+    let entries = ls.as_array().expect("ls --json is an array");
+    assert!(entries.len() >= 10, "{ls}");
+    for e in entries {
+        let nid = e["nid"].as_u64().unwrap_or(0);
+        assert!(nid & IN_METABOX != 0, "{e}");
+    }
+}
+
+fn matrix(alg: &str) {
+    if !kernel_available(&format!("metabox_{alg}")) {
+        return;
+    }
+    let (fs, tree) = make_tree();
+    for c in ["4096", "1048576"] {
+        for tail in [false, true] {
+            let img = fs.path().join(format!("{alg}-{c}-{tail}.erofs"));
+            let mut args = vec!["-z", alg, "-C", c, "-m"];
+            if tail {
+                args.extend(["-E", "ztailpacking"]);
+            }
+            let what = format!("{args:?}");
+            build(&tree, &img, &args);
+            assert_metabox_superblock(&img);
+            assert_inodes_in_metabox(&img);
+            {
+                let m = Mount::erofs(&img);
+                assert_same_tree(&tree, m.path());
+            }
+            fsck_metabox(&img, &what);
+            ok(&[&"check", &img]);
+            let x = fs.path().join("x");
+            ok(&[&"extract", &img, &x]);
+            assert_same_tree(&tree, &x);
+            std::fs::remove_dir_all(&x).expect("rm");
+            std::fs::remove_file(&img).expect("rm");
+        }
+    }
+}
+
+#[test]
+fn metabox_lz4hc() {
+    matrix("lz4hc");
+}
+#[test]
+fn metabox_lzma() {
+    matrix("lzma");
+}
+#[test]
+fn metabox_deflate() {
+    matrix("deflate");
+}
+#[test]
+fn metabox_zstd() {
+    matrix("zstd");
+}
+
+/// On the make-tree tree (many small files and directories) the metabox makes the
+/// image smaller; without compression (`-z none -m`) it is still a valid image, and
+/// `-m=BYTES` sets the metabox pcluster size.
+#[test]
+fn metabox_saves_space_and_variants_mount() {
+    if !kernel_available("metabox_saves_space_and_variants_mount") {
+        return;
+    }
+    let (fs, tree) = make_tree();
+    let size = |args: &[&str]| -> u64 {
+        let img = fs.path().join("s.erofs");
+        build(&tree, &img, args);
+        let n = std::fs::metadata(&img).expect("stat").len();
+        std::fs::remove_file(&img).expect("rm");
+        n
+    };
+    let plain = size(&["-z", "lz4hc", "-T", "0"]);
+    let boxed = size(&["-z", "lz4hc", "-T", "0", "-m"]);
+    assert!(boxed < plain, "-m {boxed} bytes, without {plain}");
+    for args in [
+        &["-z", "none", "-m"][..],
+        &["-z", "zstd", "-C", "131072", "-m=4096"][..],
+        &[
+            "-z",
+            "lzma",
+            "-C",
+            "65536",
+            "-E",
+            "ztailpacking",
+            "--metabox=1048576",
+        ][..],
+        &["-b", "1024", "-z", "deflate", "-C", "8192", "-m"][..],
+    ] {
+        let img = fs.path().join("v.erofs");
+        build(&tree, &img, args);
+        assert_metabox_superblock(&img);
+        {
+            let m = Mount::erofs(&img);
+            assert_same_tree(&tree, m.path());
+        }
+        fsck_metabox(&img, &format!("{args:?}"));
+        std::fs::remove_file(&img).expect("rm");
+    }
+    // A metabox pcluster size needs compression, and a multiple of the block size.
+    for bad in [&["-z", "none", "-m=4096"][..], &["-m=6000"][..]] {
+        let mut c = ferofs();
+        c.arg("build")
+            .args(bad)
+            .arg(&tree)
+            .arg(fs.path().join("bad.erofs"));
+        let out = c.output().expect("run ferofs");
+        assert!(!out.status.success(), "{bad:?} accepted");
+    }
+}

@@ -2,13 +2,15 @@
 //! contents are stored once. Only files whose size another file shares can be
 //! duplicates, so only those are read: hashed (xxh3-128) on all cores, then each
 //! candidate is compared byte for byte with the earlier file it matched. The result
-//! depends on the tree alone (the earliest file of a group is the one stored).
+//! depends on the tree alone (the earliest file of a group is the one stored). Sparse
+//! files are hashed and compared by their data segments (SEEK_DATA/SEEK_HOLE) and those
+//! segments' bytes, so a huge mostly-empty file costs what its data costs.
 
 use crate::options::*;
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use xxhash_rust::xxh3::Xxh3;
 
@@ -27,37 +29,58 @@ fn open(p: &Path) -> Result<File> {
     File::open(p).map_err(io_err(p, "dedupe: open"))
 }
 
-fn hash(p: &Path) -> Result<u128> {
-    let mut f = open(p)?;
+/// The byte ranges of a file that hold data: its data segments when it has holes,
+/// else the whole file.
+fn segments(f: &File, size: u64) -> Vec<(u64, u64)> {
+    crate::data::data_segments(f, size).unwrap_or_else(|| vec![(0, size)])
+}
+
+fn hash(p: &Path, size: u64) -> Result<u128> {
+    let f = open(p)?;
+    let segs = segments(&f, size);
     let mut h = Xxh3::new();
     let mut buf = vec![0u8; BUF];
-    // Bounded: each pass reads at least one byte or ends.
-    loop {
-        let n = f.read(&mut buf).map_err(io_err(p, "dedupe: read"))?;
-        if n == 0 {
-            break;
+    for &(s, e) in &segs {
+        h.update(&s.to_le_bytes());
+        h.update(&e.to_le_bytes());
+        let mut at = s;
+        // Bounded: each pass reads up to BUF bytes of the segment.
+        while at < e {
+            let n = (e - at).min(BUF as u64) as usize;
+            if f.read_exact_at(&mut buf[..n], at).is_err() {
+                // Shrank while read: not a duplicate; the data stage reports it.
+                return Ok(0);
+            }
+            h.update(&buf[..n]);
+            at += n as u64;
         }
-        h.update(&buf[..n]);
     }
     Ok(h.digest128())
 }
 
-/// Whether two files of `size` bytes hold the same bytes.
+/// Whether two files of `size` bytes hold the same bytes (and the same holes).
 fn same(a: &Path, b: &Path, size: u64) -> Result<bool> {
-    let (mut fa, mut fb) = (open(a)?, open(b)?);
+    let (fa, fb) = (open(a)?, open(b)?);
+    let segs = segments(&fa, size);
+    if segs != segments(&fb, size) {
+        return Ok(false);
+    }
     let (mut x, mut y) = (vec![0u8; BUF], vec![0u8; BUF]);
-    let mut left = size;
-    // Bounded: each pass consumes up to BUF bytes of `left`.
-    while left > 0 {
-        let n = left.min(BUF as u64) as usize;
-        if fa.read_exact(&mut x[..n]).is_err() || fb.read_exact(&mut y[..n]).is_err() {
-            // A file that shrank is not a duplicate; the data stage reports it.
-            return Ok(false);
+    for &(s, e) in &segs {
+        let mut at = s;
+        // Bounded: each pass compares up to BUF bytes of the segment.
+        while at < e {
+            let n = (e - at).min(BUF as u64) as usize;
+            if fa.read_exact_at(&mut x[..n], at).is_err()
+                || fb.read_exact_at(&mut y[..n], at).is_err()
+            {
+                return Ok(false);
+            }
+            if x[..n] != y[..n] {
+                return Ok(false);
+            }
+            at += n as u64;
         }
-        if x[..n] != y[..n] {
-            return Ok(false);
-        }
-        left -= n as u64;
     }
     Ok(true)
 }
@@ -84,7 +107,7 @@ pub fn find_duplicates(files: &[Candidate], threads: usize) -> Result<Vec<Option
         .map_err(|e| BuildError::Options(format!("thread pool: {e}")))?;
     let hashes: Vec<u128> = pool.install(|| {
         todo.par_iter()
-            .map(|&i| hash(files[i].path))
+            .map(|&i| hash(files[i].path, files[i].size))
             .collect::<Result<_>>()
     })?;
     // Candidate pairs, in file order: each file against the earliest stored file with

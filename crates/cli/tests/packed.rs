@@ -489,3 +489,40 @@ fn files_sharing_a_prefix_share_its_pclusters_with_dedupe() {
         ok(&[&"check", &with]);
     }
 }
+
+#[test]
+fn huge_sparse_copies_dedupe_by_their_data_only() {
+    let d = scratch("packed-sparse");
+    let src = d.path().join("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    use std::os::unix::fs::FileExt;
+    let sparse = |name: &str, at: u64| {
+        let f = std::fs::File::create(src.join(name)).expect("create");
+        f.set_len(64 << 30).expect("truncate");
+        f.write_all_at(&[7u8; 10_000], at).expect("write");
+    };
+    sparse("a", 1 << 30);
+    sparse("b", 1 << 30);
+    // Same size and bytes written, another place: not a copy.
+    sparse("c", 2 << 30);
+    let img = d.path().join("sparse.erofs");
+    let t = std::time::Instant::now();
+    build(&src, &img, &["-z", "lz4hc", "-E", "dedupe"]);
+    // Reading 192 GiB of holes would take minutes; the data segments take nothing.
+    assert!(t.elapsed().as_secs() < 30, "{:?}", t.elapsed());
+    let map = |p: &str| json(&ok(&[&"stat", &"--json", &img, &p]))["extents"].clone();
+    assert_eq!(map("/a"), map("/b"));
+    assert_ne!(map("/a"), map("/c"));
+    if kernel_available("sparse") {
+        let m = Mount::erofs(&img);
+        let f = std::fs::File::open(m.path().join("c")).expect("open");
+        let mut buf = [0u8; 4];
+        f.read_exact_at(&mut buf, 2 << 30).expect("read");
+        assert_eq!(buf, [7; 4]);
+        f.read_exact_at(&mut buf, 1 << 30).expect("read");
+        assert_eq!(buf, [0; 4]);
+        let f = std::fs::File::open(m.path().join("b")).expect("open");
+        f.read_exact_at(&mut buf, (1 << 30) + 9996).expect("read");
+        assert_eq!(buf, [7; 4]);
+    }
+}

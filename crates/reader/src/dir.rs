@@ -264,8 +264,10 @@ impl DirCursor {
     }
 }
 
-/// Parse one directory block (`buf` = the block's valid bytes).
-pub(crate) fn parse_dir_block(buf: &[u8], nid: u64, blk_off: u64) -> Result<Vec<DirEntry>> {
+/// Parse one directory block (`buf` = the block's valid bytes; `nid` and `blk_off`, the
+/// block's offset in the directory, only label errors). Checks every nameoff and name
+/// length (1..=255 bytes) and file type; not the order of names (see [`Image::read_dir`]).
+pub fn parse_dir_block(buf: &[u8], nid: u64, blk_off: u64) -> Result<Vec<DirEntry>> {
     let bad = |off: usize, v: u64, what: &'static str| {
         corrupt(
             CorruptKind::BadNameoff,

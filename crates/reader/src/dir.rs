@@ -65,6 +65,9 @@ impl<S: Source> Image<S> {
         if name == b"." && dir.dot_omitted {
             return Ok(Some(dir.nid));
         }
+        if name.is_empty() || name.len() > ferofs_format::MAX_NAME_LEN {
+            return Ok(None);
+        }
         let nblocks = self.dir_blocks(dir);
         if nblocks == 0 {
             return Ok(None);
@@ -120,6 +123,10 @@ impl<S: Source> Image<S> {
                 .ok_or_else(|| Error::NotFound { path: shown() })?;
             if !cur.is_dir() {
                 return Err(Error::NotADirectory { path: shown() });
+            }
+            if comp.len() > ferofs_format::MAX_NAME_LEN {
+                // No entry can have this name: not found without reading anything.
+                return Err(Error::NotFound { path: shown() });
             }
             match comp {
                 b"." => continue,

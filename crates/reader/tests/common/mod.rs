@@ -16,13 +16,25 @@ pub enum Node {
     Dir(Vec<(Vec<u8>, usize)>),
     File(Vec<u8>),
     Symlink(Vec<u8>),
+    /// A compressed file (full indexes, extended inode): its size, and the bytes after
+    /// the inode core (map header at +0, then 8 reserved bytes, then the indexes). May
+    /// span blocks.
+    Compressed {
+        size: u64,
+        meta: Vec<u8>,
+    },
+}
+
+/// Offset of full index `i` in a [`Node::Compressed`]'s `meta`.
+pub fn full_index_at(i: usize) -> usize {
+    16 + 8 * i
 }
 
 impl Node {
     fn mode(&self) -> u16 {
         match self {
             Node::Dir(_) => S_IFDIR | 0o755,
-            Node::File(_) => S_IFREG | 0o644,
+            Node::File(_) | Node::Compressed { .. } => S_IFREG | 0o644,
             Node::Symlink(_) => S_IFLNK | 0o777,
         }
     }
@@ -53,15 +65,21 @@ pub fn image(nodes: &[Node], root: usize) -> Vec<u8> {
         match &nodes[i] {
             Node::Dir(e) => dir_payload(e, nodes, nids),
             Node::File(d) | Node::Symlink(d) => d.clone(),
+            Node::Compressed { meta, .. } => meta.clone(),
         }
     };
     // Place inodes from block 1 on; an inode and its inline data never cross a block.
     let meta = BS;
     let mut pos = 0usize;
     let mut nids = Vec::with_capacity(nodes.len());
-    for i in 0..nodes.len() {
-        let len = COMPACT_SIZE + payload(i, &[]).len();
-        assert!(len <= BS, "node {i}: payload does not fit one block");
+    for (i, node) in nodes.iter().enumerate() {
+        let spans = matches!(node, Node::Compressed { .. });
+        let core = if spans { EXTENDED_SIZE } else { COMPACT_SIZE };
+        let len = core + payload(i, &[]).len();
+        assert!(
+            spans || len <= BS,
+            "node {i}: payload does not fit one block"
+        );
         if pos % BS + len > BS {
             pos = pos.div_ceil(BS) * BS;
         }
@@ -76,17 +94,31 @@ pub fn image(nodes: &[Node], root: usize) -> Vec<u8> {
             Node::Dir(_) => 2,
             _ => 1,
         };
-        let core = InodeCore {
-            format: make_format(false, DataLayout::FlatInline, false),
-            mode: node.mode(),
-            nb: nlink,
-            size: p.len() as u64,
-            ino: i as u32 + 1,
-            ..Default::default()
-        };
         let at = meta + nids[i] as usize * 32;
-        img[at..at + COMPACT_SIZE].copy_from_slice(&core.encode_compact());
-        img[at + COMPACT_SIZE..at + COMPACT_SIZE + p.len()].copy_from_slice(&p);
+        let enc: Vec<u8> = match node {
+            Node::Compressed { size, .. } => InodeCore {
+                format: make_format(true, DataLayout::CompressedFull, false),
+                mode: node.mode(),
+                size: *size,
+                ino: i as u32 + 1,
+                nlink_ext: 1,
+                ..Default::default()
+            }
+            .encode_extended()
+            .to_vec(),
+            _ => InodeCore {
+                format: make_format(false, DataLayout::FlatInline, false),
+                mode: node.mode(),
+                nb: nlink,
+                size: p.len() as u64,
+                ino: i as u32 + 1,
+                ..Default::default()
+            }
+            .encode_compact()
+            .to_vec(),
+        };
+        img[at..at + enc.len()].copy_from_slice(&enc);
+        img[at + enc.len()..at + enc.len() + p.len()].copy_from_slice(&p);
     }
     let sb = Superblock {
         magic: MAGIC,
@@ -95,6 +127,7 @@ pub fn image(nodes: &[Node], root: usize) -> Vec<u8> {
         inos: nodes.len() as u64,
         blocks_lo: (total / BS) as u32,
         meta_blkaddr: 1,
+        feature_incompat: INCOMPAT_ZERO_PADDING,
         ..Default::default()
     };
     let b = sb.encode();
@@ -118,4 +151,10 @@ pub fn deep_chain(depth: usize) -> Vec<u8> {
     }
     nodes.push(Node::File(b"x".to_vec()));
     image(&nodes, 0)
+}
+
+/// The nid of node `i` in [`image`]'s output (the same placement rule).
+pub fn nid_of(img: &[u8], path: &[u8]) -> u64 {
+    let im = ferofs_reader::Image::new(img.to_vec()).expect("open crafted image");
+    im.lookup(path).expect("crafted path").nid
 }

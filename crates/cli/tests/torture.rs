@@ -694,7 +694,7 @@ fn own_images(scale: u64) -> Vec<Base> {
             a.extend_from_slice(args);
             common::build(&src, &img, &a);
             let data = std::fs::read(&img).expect("read image");
-            prepare(format!("own/{name}"), data, 560 * scale, lim)
+            prepare(format!("own/{name}"), data, 640 * scale, lim)
         })
         .collect()
 }
@@ -707,7 +707,7 @@ fn golden_image(name: &str, scale: u64) -> Base {
         per_case: 8 << 20,
         entries: 4000,
     };
-    prepare(format!("golden/{name}"), data, 160 * scale, lim)
+    prepare(format!("golden/{name}"), data, 80 * scale, lim)
 }
 
 // ---------------------------------------------------------------------------------------

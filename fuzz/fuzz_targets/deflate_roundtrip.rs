@@ -2,8 +2,18 @@
 //! must inflate, with an independent inflater (miniz_oxide) and with ours, to exactly
 //! the prefix it says it consumed.
 #![no_main]
-use ferofs_compress::{decompress, new_compressor, Algorithm, CompressorSpec, DecompressConfig};
+use ferofs_compress::{
+    decompress, new_compressor, Algorithm, CompressorSpec, DecompressConfig, FixedOutputCompressor,
+};
 use libfuzzer_sys::fuzz_target;
+use std::sync::Mutex;
+
+type Enc = Option<Box<dyn FixedOutputCompressor>>;
+
+/// One encoder per level, reused: each call is independent of the ones before (the
+/// encoder's contract), and building one costs more than a small input.
+static ENCODERS: Mutex<[Enc; 9]> =
+    Mutex::new([None, None, None, None, None, None, None, None, None]);
 
 fuzz_target!(|data: &[u8]| {
     if data.len() < 3 {
@@ -12,11 +22,16 @@ fuzz_target!(|data: &[u8]| {
     let level = 1 + i32::from(data[0] % 9);
     let cap = 16 + (usize::from(data[1]) | usize::from(data[2]) << 8) % 65536;
     let src = &data[3..];
-    let spec = CompressorSpec::parse(&format!("deflate,level={level}")).expect("spec");
-    let mut c = new_compressor(&spec, 1 << 20).expect("compressor");
-    c.begin_stream();
     let mut dst = vec![0u8; cap];
-    let (used, written) = c.compress_destsize(src, &mut dst);
+    let (used, written) = {
+        let mut encs = ENCODERS.lock().unwrap_or_else(|p| p.into_inner());
+        let c = encs[(level - 1) as usize].get_or_insert_with(|| {
+            let spec = CompressorSpec::parse(&format!("deflate,level={level}")).expect("spec");
+            new_compressor(&spec, 1 << 20).expect("compressor")
+        });
+        c.begin_stream();
+        c.compress_destsize(src, &mut dst)
+    };
     assert!(
         used <= src.len() && written <= cap,
         "({used}, {written}) out of range"

@@ -90,6 +90,10 @@ pub(crate) struct MetaWin {
     img: u64,
     start: u64,
     buf: Vec<u8>,
+    /// 4-byte extent records: (image id, nid, lcn, physical start of record lcn), the
+    /// running sum the last lookup reached, so that a forward walk through a file
+    /// continues from it instead of summing from record 0 again.
+    rec4: Option<(u64, u64, u64, u64)>,
 }
 
 impl<S: Source> Image<S> {
@@ -668,9 +672,6 @@ impl<S: Source> Image<S> {
             )
         } else {
             let lcn = x >> zi.lbits;
-            let mut b = [0u8; 8];
-            self.meta_read(m, ino.nid, start, &mut b)?;
-            let mut pa = u64::from_le_bytes(b);
             if lcn > zi.nlclusters {
                 return Err(self.zerr(
                     ino,
@@ -679,9 +680,21 @@ impl<S: Source> Image<S> {
                     "record beyond the file",
                 ));
             }
-            for i in 0..lcn {
+            // Physical start = the first record's base + the lengths of the records
+            // before; resumed from the last lookup of this inode when it lies behind.
+            let (from, mut pa) = match m.rec4 {
+                Some((img, nid, l, p)) if img == self.id && nid == ino.nid && l <= lcn => (l, p),
+                _ => {
+                    let mut b = [0u8; 8];
+                    self.meta_read(m, ino.nid, start, &mut b)?;
+                    (0, u64::from_le_bytes(b))
+                }
+            };
+            // Bounded by the file's lcluster count (checked above).
+            for i in from..lcn {
                 pa = pa.saturating_add(u64::from(rec(m, i)?[0] & 0x1F_FFFF));
             }
+            m.rec4 = Some((self.id, ino.nid, lcn, pa));
             let la = lcn << zi.lbits;
             (
                 la,

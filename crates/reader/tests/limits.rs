@@ -141,3 +141,42 @@ fn index_lookback_and_lookahead_stop_at_the_largest_extent() {
     // 12 MiB of 4 KiB lclusters is 3072 indexes (24 KiB) each way.
     assert!(read < 256 << 10, "{read} bytes of index read");
 }
+
+/// A file mapped by 4-byte extent records (48-bit layout), each a hole: a record's
+/// physical start is the sum of the lengths before it, and walking the file forward
+/// must continue that sum, not restart it for every lcluster (which made a forward
+/// walk quadratic: 8 * 10^8 record reads for these 40,000 lclusters).
+#[test]
+fn four_byte_extent_records_are_summed_once_per_walk() {
+    let n = 40_000usize;
+    let mut meta = vec![0u8; 16 + 4 * n];
+    // Map header: advise = EXTENTS with 4-byte records, 4 KiB lclusters.
+    meta[4..6].copy_from_slice(&1u16.to_le_bytes());
+    // meta[8..16]: physical base 0; every record: length 0 (a hole).
+    let nodes = vec![
+        Node::Dir(vec![
+            (b".".to_vec(), 0),
+            (b"..".to_vec(), 0),
+            (b"h".to_vec(), 1),
+        ]),
+        Node::Compressed {
+            size: n as u64 * 4096,
+            meta,
+        },
+    ];
+    let img = Image::new(image(&nodes, 0)).expect("open");
+    let h = img.lookup(b"/h").expect("lookup");
+    let mut ctx = ferofs_reader::ReadCtx::new();
+    let t = std::time::Instant::now();
+    let end = img.hole_end(&mut ctx, &h, 0).expect("hole_end");
+    assert_eq!(end, Some(n as u64 * 4096));
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0u64;
+    while off < h.size {
+        let got = img.read_at_with(&mut ctx, &h, off, &mut buf).expect("read");
+        assert!(buf[..got].iter().all(|&b| b == 0));
+        off += got as u64;
+    }
+    let took = t.elapsed();
+    assert!(took.as_secs() < 5, "forward walk took {took:?}");
+}

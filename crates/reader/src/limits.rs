@@ -48,7 +48,11 @@
 //!
 //! **Work per request.** Every loop over image data has a bound: one iteration per
 //! directory block, dirent, xattr entry, mapping run, lcluster (bounded by the limits
-//! above) or byte of output. Two things the reader cannot bound for the caller, because
+//! above) or byte of output. One format detail costs more: a file mapped by 4-byte
+//! extent records (48-bit layout) finds a record's physical address by summing the
+//! lengths of all records before it, as the kernel does, so a lookup far into such a
+//! file reads that many records; a [`crate::ReadCtx`] keeps the running sum, so reading
+//! forward through the file costs one record per lcluster in all. Two things the reader cannot bound for the caller, because
 //! a valid image can ask for them too: file data (a file may really be 2^60 bytes of
 //! zeros or of a repeated pcluster — read what you need, with a size you chose), and
 //! the number of paths `walk` visits (directories may share subdirectories, making the

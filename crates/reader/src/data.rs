@@ -62,8 +62,11 @@ impl fmt::Display for Extent {
 /// Most mapping runs [`Image::hole_end`] merges in one call.
 pub const MAX_HOLE_RUNS: usize = 1 << 16;
 
+/// [`Image::read_to_vec_limited`] grows its buffer this much at a time.
+const READ_TO_VEC_STEP: u64 = 4 << 20;
+
 /// Hard cap on extents listed for one file.
-const MAX_EXTENTS_LISTED: usize = 1 << 20;
+pub(crate) const MAX_EXTENTS_LISTED: usize = 1 << 20;
 
 impl<S: Source> Image<S> {
     fn null_startblk(&self, ino: &Inode) -> bool {
@@ -366,10 +369,18 @@ impl<S: Source> Image<S> {
                 "larger than the caller's limit",
             ));
         }
-        let mut v = vec![0u8; ino.size as usize];
-        let n = self.read_at(ino, 0, &mut v)?;
-        if n as u64 != ino.size {
-            return Err(Error::short_read(ino.nid, n as u64, ino.size));
+        // Grown as the data arrives (READ_TO_VEC_STEP at a time), so a size the image
+        // cannot back fails before it is allocated.
+        let mut v: Vec<u8> = Vec::new();
+        let mut ctx = ReadCtx::new();
+        while (v.len() as u64) < ino.size {
+            let at = v.len();
+            let step = (ino.size - at as u64).min(READ_TO_VEC_STEP) as usize;
+            v.resize(at + step, 0);
+            let n = self.read_at_with(&mut ctx, ino, at as u64, &mut v[at..])?;
+            if n != step {
+                return Err(Error::short_read(ino.nid, (at + n) as u64, ino.size));
+            }
         }
         Ok(v)
     }
@@ -387,7 +398,7 @@ impl<S: Source> Image<S> {
                 what: "not a symlink",
             });
         }
-        if ino.size > 4096 {
+        if ino.size > crate::limits::MAX_SYMLINK_LEN {
             return Err(corrupt(
                 CorruptKind::BadInodeSize,
                 Some(ino.nid),
@@ -396,7 +407,7 @@ impl<S: Source> Image<S> {
                 "symlink target longer than 4096",
             ));
         }
-        self.read_to_vec_limited(ino, 4096)
+        self.read_to_vec_limited(ino, crate::limits::MAX_SYMLINK_LEN)
     }
 
     /// The physical extents of a file (for display).

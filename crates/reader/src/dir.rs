@@ -50,24 +50,10 @@ impl<S: Source> Image<S> {
     /// All entries of a directory, in on-disk order ("." and ".." included as stored).
     pub fn read_dir(&self, dir: &Inode) -> Result<Vec<DirEntry>> {
         self.dir_check(dir)?;
+        let mut cur = DirCursor::new(self, dir);
         let mut out = Vec::new();
-        let mut prev: Option<Vec<u8>> = None;
-        for i in 0..self.dir_blocks(dir) {
-            for e in self.dir_block(dir, i)? {
-                if let Some(p) = &prev {
-                    if p.as_slice() >= e.name.as_slice() {
-                        return Err(corrupt(
-                            CorruptKind::UnsortedDirectory,
-                            Some(dir.nid),
-                            Some(i * u64::from(self.block_size())),
-                            None,
-                            "names not in increasing order",
-                        ));
-                    }
-                }
-                prev = Some(e.name.clone());
-                out.push(e);
-            }
+        while let Some(e) = cur.next_entry(self)? {
+            out.push(e);
         }
         Ok(out)
     }
@@ -78,6 +64,9 @@ impl<S: Source> Image<S> {
         self.dir_check(dir)?;
         if name == b"." && dir.dot_omitted {
             return Ok(Some(dir.nid));
+        }
+        if name.is_empty() || name.len() > ferofs_format::MAX_NAME_LEN {
+            return Ok(None);
         }
         let nblocks = self.dir_blocks(dir);
         if nblocks == 0 {
@@ -135,6 +124,10 @@ impl<S: Source> Image<S> {
             if !cur.is_dir() {
                 return Err(Error::NotADirectory { path: shown() });
             }
+            if comp.len() > ferofs_format::MAX_NAME_LEN {
+                // No entry can have this name: not found without reading anything.
+                return Err(Error::NotFound { path: shown() });
+            }
             match comp {
                 b"." => continue,
                 b".." => {
@@ -155,7 +148,15 @@ impl<S: Source> Image<S> {
 
     /// Depth-first walk of the whole tree from the root, children in name order.
     /// `f` gets the path ("/" for the root, "/a/b" below) and the inode. "." and ".."
-    /// are skipped. A directory that contains one of its ancestors is `DirectoryLoop`.
+    /// are skipped. A directory that contains one of its ancestors is `DirectoryLoop`;
+    /// a directory deeper than [`MAX_DEPTH`] is `TooDeep`.
+    ///
+    /// The walk keeps its own stack on the heap (no recursion), holding one directory
+    /// block's entries per level: at most [`MAX_DEPTH`] blocks' worth of entries at any
+    /// time, whatever the image claims. It visits every path, so a hostile image whose
+    /// directories share subdirectories (a DAG, which is not a loop) can make it visit
+    /// far more paths than the image has inodes: `f` bounds the work by returning an
+    /// error to stop the walk.
     pub fn walk(&self, f: impl FnMut(&[u8], &Inode) -> Result<()>) -> Result<()> {
         let root = self.inode(self.root_nid)?;
         self.walk_from(&root, f)
@@ -174,56 +175,106 @@ impl<S: Source> Image<S> {
         let mut ancestors: HashSet<u64> = HashSet::new();
         ancestors.insert(top.nid);
         let mut path = Vec::new();
-        self.walk_dir(top, &mut path, &mut ancestors, 1, &mut f)
-    }
-
-    fn walk_dir(
-        &self,
-        dir: &Inode,
-        path: &mut Vec<u8>,
-        ancestors: &mut HashSet<u64>,
-        depth: usize,
-        f: &mut impl FnMut(&[u8], &Inode) -> Result<()>,
-    ) -> Result<()> {
-        if depth > MAX_DEPTH {
-            return Err(corrupt(
-                CorruptKind::TooDeep,
-                Some(dir.nid),
-                None,
-                Some(depth as u64),
-                "directory tree too deep",
-            ));
-        }
-        for e in self.read_dir(dir)? {
+        // (cursor over the directory, length of its path)
+        let mut stack: Vec<(DirCursor, usize)> = vec![(DirCursor::new(self, top), 0)];
+        // Bounded: every step consumes one entry of a directory whose entries are read
+        // block by block; a level is popped when its directory ends.
+        while let Some((cur, plen)) = stack.last_mut() {
+            let plen = *plen;
+            let Some(e) = cur.next_entry(self)? else {
+                if let Some((done, _)) = stack.pop() {
+                    ancestors.remove(&done.dir.nid);
+                }
+                continue;
+            };
             if e.name == b"." || e.name == b".." {
                 continue;
             }
+            let parent = cur.dir.nid;
             let child = self.inode(e.nid)?;
-            let len = path.len();
+            path.truncate(plen);
             path.push(b'/');
             path.extend_from_slice(&e.name);
-            f(path, &child)?;
+            f(&path, &child)?;
             if child.is_dir() {
+                let depth = stack.len() + 1;
+                if depth > MAX_DEPTH {
+                    return Err(corrupt(
+                        CorruptKind::TooDeep,
+                        Some(child.nid),
+                        None,
+                        Some(depth as u64),
+                        "directory tree too deep",
+                    ));
+                }
                 if !ancestors.insert(child.nid) {
                     return Err(corrupt(
                         CorruptKind::DirectoryLoop,
                         Some(child.nid),
                         None,
-                        Some(dir.nid),
+                        Some(parent),
                         "directory contains its own ancestor",
                     ));
                 }
-                self.walk_dir(&child, path, ancestors, depth + 1, f)?;
-                ancestors.remove(&child.nid);
+                stack.push((DirCursor::new(self, &child), path.len()));
             }
-            path.truncate(len);
         }
         Ok(())
     }
 }
 
-/// Parse one directory block (`buf` = the block's valid bytes).
-pub(crate) fn parse_dir_block(buf: &[u8], nid: u64, blk_off: u64) -> Result<Vec<DirEntry>> {
+/// Reads a directory's entries block by block, checking that names increase across
+/// the whole directory. Holds one block's entries at a time.
+struct DirCursor {
+    dir: Inode,
+    nblocks: u64,
+    next_block: u64,
+    ents: std::vec::IntoIter<DirEntry>,
+    prev: Option<Vec<u8>>,
+}
+
+impl DirCursor {
+    fn new<S: Source>(img: &Image<S>, dir: &Inode) -> Self {
+        DirCursor {
+            dir: dir.clone(),
+            nblocks: img.dir_blocks(dir),
+            next_block: 0,
+            ents: Vec::new().into_iter(),
+            prev: None,
+        }
+    }
+
+    fn next_entry<S: Source>(&mut self, img: &Image<S>) -> Result<Option<DirEntry>> {
+        // Bounded: each turn reads the next block; a block has at least one entry.
+        loop {
+            if let Some(e) = self.ents.next() {
+                if let Some(p) = &self.prev {
+                    if p.as_slice() >= e.name.as_slice() {
+                        return Err(corrupt(
+                            CorruptKind::UnsortedDirectory,
+                            Some(self.dir.nid),
+                            Some((self.next_block - 1) * u64::from(img.block_size())),
+                            None,
+                            "names not in increasing order",
+                        ));
+                    }
+                }
+                self.prev = Some(e.name.clone());
+                return Ok(Some(e));
+            }
+            if self.next_block >= self.nblocks {
+                return Ok(None);
+            }
+            self.ents = img.dir_block(&self.dir, self.next_block)?.into_iter();
+            self.next_block += 1;
+        }
+    }
+}
+
+/// Parse one directory block (`buf` = the block's valid bytes; `nid` and `blk_off`, the
+/// block's offset in the directory, only label errors). Checks every nameoff and name
+/// length (1..=255 bytes) and file type; not the order of names (see [`Image::read_dir`]).
+pub fn parse_dir_block(buf: &[u8], nid: u64, blk_off: u64) -> Result<Vec<DirEntry>> {
     let bad = |off: usize, v: u64, what: &'static str| {
         corrupt(
             CorruptKind::BadNameoff,

@@ -207,7 +207,7 @@ impl<S: Source> Image<S> {
             metabox: OnceLock::new(),
             packed: OnceLock::new(),
             prefixes: OnceLock::new(),
-            cache: ExtentCache::new(64 << 20),
+            cache: ExtentCache::new(crate::limits::DEFAULT_CACHE_BUDGET),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         })
     }

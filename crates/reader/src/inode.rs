@@ -59,7 +59,7 @@ impl Inode {
 }
 
 /// Bound on file sizes we accept (the format allows u64; nothing real exceeds 2^60).
-const MAX_FILE_SIZE: u64 = 1 << 60;
+pub(crate) const MAX_FILE_SIZE: u64 = 1 << 60;
 
 impl<S: Source> Image<S> {
     /// Load inode `nid`.

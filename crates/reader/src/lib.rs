@@ -12,7 +12,11 @@
 //!
 //! Errors keep three kinds apart: I/O, `Corrupt` (a [`Corruption`] naming the nid,
 //! offset and bad value) and `Unsupported`. Corrupt input never panics, never loops
-//! without bound and never allocates more than the image can justify.
+//! without bound and never allocates more than the image can justify: [`limits`] lists
+//! every bound the reader enforces (directory depth, name and symlink lengths, index
+//! lookback, decompressed size per pcluster, memory per request) and what a caller
+//! still has to bound itself. A corruption torture test (crates/cli/tests/torture.rs)
+//! and cargo-fuzz targets (fuzz/) hold it to that.
 
 #![forbid(unsafe_code)]
 
@@ -22,6 +26,7 @@ pub mod dir;
 pub mod error;
 pub mod image;
 pub mod inode;
+pub mod limits;
 pub mod source;
 pub mod xattr;
 pub mod zdata;

@@ -18,7 +18,7 @@ pub struct Xattr {
 }
 
 /// Most long prefixes the format allows.
-const MAX_PREFIXES: usize = 128;
+pub(crate) const MAX_PREFIXES: usize = 128;
 
 impl<S: Source> Image<S> {
     /// The long-prefix table (base index, infix), loaded once.

@@ -26,7 +26,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 /// Largest decoded extent the kernel accepts (Z_EROFS_PCLUSTER_MAX_DSIZE).
-const MAX_DSIZE: u64 = 12 << 20;
+const MAX_DSIZE: u64 = ferofs_format::PCLUSTER_MAX_DSIZE;
 
 /// Most compressed bytes read ahead in one positional read.
 const RAW_AHEAD_MAX: u64 = 1 << 20;
@@ -479,7 +479,7 @@ impl<S: Source> Image<S> {
         let zi = self.zinfo(&mut m, ino)?;
         let mut v = Vec::new();
         let mut pos = 0u64;
-        while pos < ino.size && v.len() < 1 << 20 {
+        while pos < ino.size && v.len() < crate::data::MAX_EXTENTS_LISTED {
             let e = self.z_map(&mut m, ino, &zi, pos)?;
             if e.end <= pos {
                 break;

@@ -73,7 +73,11 @@ struct Lc {
 }
 
 /// Largest decoded extent the kernel accepts.
-const MAX_DSIZE: u64 = 12 << 20;
+const MAX_DSIZE: u64 = ferofs_format::PCLUSTER_MAX_DSIZE;
+
+/// Furthest an index lookup walks back (delta[0] hops) to find the head of an extent:
+/// the largest extent, [`MAX_DSIZE`]. Public as [`crate::limits::MAX_LOOKBACK_BYTES`].
+pub(crate) const MAX_LOOKBACK_BYTES: u64 = MAX_DSIZE;
 
 /// Bytes of inode metadata (map header, lcluster indexes, extent records) read at once.
 const META_WIN: u64 = 16 << 10;
@@ -86,6 +90,10 @@ pub(crate) struct MetaWin {
     img: u64,
     start: u64,
     buf: Vec<u8>,
+    /// 4-byte extent records: (image id, nid, lcn, physical start of record lcn), the
+    /// running sum the last lookup reached, so that a forward walk through a file
+    /// continues from it instead of summing from record 0 again.
+    rec4: Option<(u64, u64, u64, u64)>,
 }
 
 impl<S: Source> Image<S> {
@@ -438,15 +446,24 @@ impl<S: Source> Image<S> {
             lcn -= 1;
             lc = self.load_lcluster(m, ino, zi, lcn)?;
         }
-        // Walk back along delta[0]; every step goes back at least one lcluster.
-        let mut steps = 0u64;
+        // Walk back along delta[0]; every step goes back at least one lcluster, and no
+        // further than an extent may be long (MAX_LOOKBACK_BYTES): the extent holding
+        // `x` starts at most one lcluster before the head found.
+        let from = x >> zi.lbits;
         while lc.ty == LCLUSTER_TYPE_NONHEAD {
             let d = u64::from(lc.delta0);
-            if d == 0 || d > lcn || steps > zi.nlclusters {
+            if d == 0 || d > lcn {
                 return Err(self.zerr(ino, CorruptKind::BadLcluster, lcn, "bad lookback distance"));
             }
             lcn -= d;
-            steps += 1;
+            if (from - lcn).saturating_sub(1) << zi.lbits > MAX_LOOKBACK_BYTES {
+                return Err(self.zerr(
+                    ino,
+                    CorruptKind::BadLcluster,
+                    lcn,
+                    "lookback longer than the largest extent",
+                ));
+            }
             lc = self.load_lcluster(m, ino, zi, lcn)?;
         }
         if u64::from(lc.clusterofs) >= lsz {
@@ -487,7 +504,17 @@ impl<S: Source> Image<S> {
         // Extent end: the next head (its clusterofs) or the end of the file.
         let mut end = ino.size;
         let mut k = head + 1;
+        // Bounded by the file and by the largest extent: lcluster k belongs to this
+        // extent unless it starts the next one, so a scan past MAX_DSIZE is an error.
         while k < zi.nlclusters {
+            if (k << zi.lbits).saturating_sub(la) > MAX_DSIZE {
+                return Err(self.zerr(
+                    ino,
+                    CorruptKind::BadLcluster,
+                    head,
+                    "extent longer than 12 MiB",
+                ));
+            }
             let n = self.load_lcluster(m, ino, zi, k)?;
             if n.ty != LCLUSTER_TYPE_NONHEAD {
                 end = ((k << zi.lbits) + u64::from(n.clusterofs)).min(ino.size);
@@ -645,9 +672,6 @@ impl<S: Source> Image<S> {
             )
         } else {
             let lcn = x >> zi.lbits;
-            let mut b = [0u8; 8];
-            self.meta_read(m, ino.nid, start, &mut b)?;
-            let mut pa = u64::from_le_bytes(b);
             if lcn > zi.nlclusters {
                 return Err(self.zerr(
                     ino,
@@ -656,9 +680,21 @@ impl<S: Source> Image<S> {
                     "record beyond the file",
                 ));
             }
-            for i in 0..lcn {
+            // Physical start = the first record's base + the lengths of the records
+            // before; resumed from the last lookup of this inode when it lies behind.
+            let (from, mut pa) = match m.rec4 {
+                Some((img, nid, l, p)) if img == self.id && nid == ino.nid && l <= lcn => (l, p),
+                _ => {
+                    let mut b = [0u8; 8];
+                    self.meta_read(m, ino.nid, start, &mut b)?;
+                    (0, u64::from_le_bytes(b))
+                }
+            };
+            // Bounded by the file's lcluster count (checked above).
+            for i in from..lcn {
                 pa = pa.saturating_add(u64::from(rec(m, i)?[0] & 0x1F_FFFF));
             }
+            m.rec4 = Some((self.id, ino.nid, lcn, pa));
             let la = lcn << zi.lbits;
             (
                 la,

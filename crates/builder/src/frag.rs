@@ -54,17 +54,11 @@ pub struct Packed {
 /// Most bytes compared at once when checking a dedupe match.
 const CMP_CHUNK: u64 = 1 << 20;
 
-fn spool_in(dir: &Path) -> Result<tempfile::NamedTempFile> {
-    tempfile::Builder::new()
-        .prefix(".ferofs-fragments-")
-        .tempfile_in(dir)
-        .map_err(io_err(dir, "fragments: create spool"))
-}
-
 impl FragStore {
-    pub fn new(dir: &Path, dedupe: bool) -> Result<Self> {
+    /// Collect into `spool` (an empty scratch file).
+    pub fn new(spool: tempfile::NamedTempFile, dedupe: bool) -> Result<Self> {
         Ok(FragStore {
-            spool: spool_in(dir)?,
+            spool,
             len: 0,
             entries: Vec::new(),
             ids: Vec::new(),
@@ -184,7 +178,9 @@ mod tests {
     #[test]
     fn equal_fragments_are_stored_once_with_dedupe() -> Result<()> {
         let dir = tempfile::tempdir().map_err(io_err(Path::new("."), "tempdir"))?;
-        let mut s = FragStore::new(dir.path(), true)?;
+        let spool =
+            tempfile::NamedTempFile::new_in(dir.path()).map_err(io_err(dir.path(), "spool"))?;
+        let mut s = FragStore::new(spool, true)?;
         let a = s.add(b"hello")?;
         let b = s.add(b"int x;")?;
         s.begin();
@@ -206,7 +202,9 @@ mod tests {
     #[test]
     fn without_dedupe_equal_fragments_are_stored_twice() -> Result<()> {
         let dir = tempfile::tempdir().map_err(io_err(Path::new("."), "tempdir"))?;
-        let mut s = FragStore::new(dir.path(), false)?;
+        let spool =
+            tempfile::NamedTempFile::new_in(dir.path()).map_err(io_err(dir.path(), "spool"))?;
+        let mut s = FragStore::new(spool, false)?;
         s.add(b"same")?;
         s.add(b"same")?;
         let p = s.finish();

@@ -39,6 +39,16 @@ impl Layout {
         matches!(self, Layout::Compressed(_) | Layout::Fragment { .. })
     }
 
+    /// CHUNK_BASED.
+    pub fn chunked(&self) -> bool {
+        matches!(self, Layout::Chunked { .. })
+    }
+
+    /// Compressed with full indexes (it may share pclusters: the dedupe feature).
+    pub fn full_index(&self) -> bool {
+        matches!(self, Layout::Compressed(z) if z.full_index)
+    }
+
     /// Some of the file's data is in the packed inode.
     pub fn fragment(&self) -> bool {
         matches!(self, Layout::Fragment { .. })

@@ -25,7 +25,7 @@ use crate::out::Out;
 use crate::place::Placed;
 use crate::plan::Plan;
 use crate::sb::SbFields;
-use crate::scan::{Kind, Node, Tree};
+use crate::scan::{Node, Tree};
 use crate::write::{self, Written};
 use crate::zdata::{self, Compression, FileReq};
 
@@ -38,14 +38,6 @@ pub struct Stats {
     pub stored: u64,
 }
 
-/// Removes a scratch file when dropped.
-struct Scratch(std::path::PathBuf);
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// Stages 4 to 6 with a metabox: the records of every inode of `tree` into the metabox
 /// data, the directory and symlink blocks, the shared xattrs, the metabox inode (added
 /// to `tree` and `plan` as their last inode, linked from no directory) and the
@@ -53,7 +45,7 @@ impl Drop for Scratch {
 pub fn build(
     tree: &mut Tree,
     plan: &mut Plan,
-    placed: Placed,
+    mut placed: Placed,
     mut out: Out,
     o: &BuildOptions,
 ) -> Result<(Written, Stats)> {
@@ -63,12 +55,13 @@ pub fn build(
     let packed = tree
         .packed
         .filter(|_| placed.layouts.iter().any(Layout::fragment));
-    let mut shapes = placed.layouts.clone();
-    if let Some(p) = packed {
-        shapes[p] = Layout::NONE;
+    // Packed as an empty record (its slot stays unused), not copied: the layouts are
+    // moved out and back.
+    let packed_layout = packed.map(|p| std::mem::replace(&mut placed.layouts[p], Layout::NONE));
+    let inner = nids::assign_metabox(tree, plan, &placed.layouts)?;
+    if let (Some(p), Some(l)) = (packed, packed_layout) {
+        placed.layouts[p] = l;
     }
-    let inner = nids::assign_metabox(tree, plan, &shapes)?;
-    drop(shapes);
     let blobs = blobs::place(tree, plan, &inner, placed.layouts, placed.end_blk)?;
     let mut layouts = blobs.layouts;
     // The records' indexes use the big-pcluster format when the superblock will say
@@ -99,23 +92,18 @@ pub fn build(
 
     // The metabox inode: a regular file of the metadata bytes, stored like file data.
     let id = n;
-    let scratch = Scratch(out.scratch_path("metabox"));
-    std::fs::write(&scratch.0, &data).map_err(io_err(&scratch.0, "metabox: write"))?;
+    let scratch = out.spool("metabox")?;
+    let spath = scratch.path().to_path_buf();
+    std::io::Write::write_all(&mut scratch.as_file(), &data)
+        .map_err(io_err(&spath, "metabox: write"))?;
     let size = data.len() as u64;
-    tree.nodes.push(Node {
-        kind: Kind::File {
-            path: scratch.0.clone(),
-            size,
-        },
-        mode: 0o100644,
-        uid: 0,
-        gid: 0,
-        mtime: plan.build_time,
-        mtime_nsec: 0,
-        nlink: 1,
-        xattrs: Vec::new(),
-        rel: b"(metabox inode)".to_vec(),
-    });
+    tree.nodes.push(Node::internal_file(
+        spath.clone(),
+        size,
+        0o100644,
+        plan.build_time,
+        b"(metabox inode)",
+    ));
     plan.extended.push(size > u64::from(u32::MAX));
     plan.xattrs.ibody.push(Vec::new());
     plan.sizes.push(size);
@@ -132,7 +120,7 @@ pub fn build(
             };
             let req = FileReq {
                 id,
-                path: scratch.0.clone(),
+                path: spath.clone(),
                 size,
                 rel: tree.nodes[id].rel.clone(),
                 fixed_meta: plan.fixed_meta(id),
@@ -140,11 +128,7 @@ pub fn build(
                 frag: zdata::FragMode::None,
                 skip: false,
             };
-            let threads = if o.threads == 0 {
-                std::thread::available_parallelism().map_or(1, |n| n.get())
-            } else {
-                o.threads
-            };
+            let threads = o.worker_threads();
             let (mut stored, end, _) = zdata::store_all(
                 &[req],
                 &mc,
@@ -231,13 +215,11 @@ pub fn build(
         meta_blkaddr: 0,
         xattr_blkaddr: shared_blk,
         xattr_filter: plan.xattrs.any,
-        chunked: layouts.iter().any(|l| matches!(l, Layout::Chunked { .. })),
+        chunked: layouts.iter().any(Layout::chunked),
         compressed,
         inline_pcluster: layouts.iter().any(Layout::inline_pcluster),
         packed_nid,
-        shared_pclusters: layouts
-            .iter()
-            .any(|l| matches!(l, Layout::Compressed(z) if z.full_index)),
+        shared_pclusters: layouts.iter().any(Layout::full_index),
     };
     Ok((write::finish(out, block0, &fields, plan, o)?, stats))
 }

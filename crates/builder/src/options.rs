@@ -102,6 +102,14 @@ impl Default for BuildOptions {
 }
 
 impl BuildOptions {
+    /// Worker threads: `threads`, or every core when it is 0.
+    pub fn worker_threads(&self) -> usize {
+        match self.threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
+    }
+
     /// The metabox inode's pcluster size, when it is compressed.
     pub(crate) fn metabox_pcluster(&self) -> Option<u32> {
         let c = self.compression.as_ref().filter(|_| self.metabox)?;

@@ -64,20 +64,16 @@ impl Out {
             .map_err(io_err(&self.tmp, "read output"))
     }
 
-    /// The directory the image is written in (for spool files).
-    pub fn dir(&self) -> PathBuf {
-        match self.tmp.parent() {
+    /// A scratch file beside the output (same filesystem), removed when dropped.
+    pub fn spool(&self, what: &str) -> Result<tempfile::NamedTempFile> {
+        let dir = match self.tmp.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
-        }
-    }
-
-    /// A path beside the temporary output for scratch data named `what` (the caller
-    /// removes it).
-    pub fn scratch_path(&self, what: &str) -> PathBuf {
-        let mut name = self.tmp.file_name().unwrap_or_default().to_os_string();
-        name.push(format!(".{what}"));
-        self.tmp.with_file_name(name)
+        };
+        tempfile::Builder::new()
+            .prefix(&format!(".ferofs-{what}-"))
+            .tempfile_in(&dir)
+            .map_err(io_err(&dir, "create scratch file"))
     }
 
     pub fn set_len(&mut self, len: u64) -> Result<()> {

@@ -108,11 +108,7 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
         // Stable: unlisted files (rank MAX) keep inode order behind the listed ones.
         files.sort_by_key(|&(id, ..)| rank[id]);
     }
-    let threads = if o.threads == 0 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    } else {
-        o.threads
-    };
+    let threads = o.worker_threads();
     // Per file (index in `files`): the earlier file it duplicates.
     let dup_of = if o.dedupe {
         let cands: Vec<dedupe::Candidate> = files
@@ -141,7 +137,7 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
         let mut pcl = o.dedupe.then(zdata::PclMap::default);
         let mut frags = match o.fragments {
             Fragments::Off => None,
-            _ => Some(FragStore::new(&out.dir(), o.dedupe)?),
+            _ => Some(FragStore::new(out.spool("fragments")?, o.dedupe)?),
         };
         let mut reqs = Vec::new();
         for (k, &(id, nd, path, size)) in files.iter().enumerate() {
@@ -259,11 +255,7 @@ pub fn store_packed(
         frag: FragMode::None,
         skip: false,
     };
-    let threads = if o.threads == 0 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    } else {
-        o.threads
-    };
+    let threads = o.worker_threads();
     // The packed inode's data is more to compress: the total grows by it.
     let progress = o.progress.clone().unwrap_or_default();
     progress.set_total(progress.total() + size);

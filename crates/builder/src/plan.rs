@@ -73,20 +73,13 @@ impl Plan {
 /// Add the packed inode to `tree` (its size is set once the fragments are known): a
 /// regular file owned by root, mode 0600, linked from no directory, numbered last.
 pub fn add_packed_inode(tree: &mut Tree, build_time: i64) {
-    tree.nodes.push(crate::scan::Node {
-        kind: Kind::File {
-            path: std::path::PathBuf::new(),
-            size: 0,
-        },
-        mode: 0o100600,
-        uid: 0,
-        gid: 0,
-        mtime: build_time,
-        mtime_nsec: 0,
-        nlink: 1,
-        xattrs: Vec::new(),
-        rel: b"(packed inode)".to_vec(),
-    });
+    tree.nodes.push(crate::scan::Node::internal_file(
+        std::path::PathBuf::new(),
+        0,
+        0o100600,
+        build_time,
+        b"(packed inode)",
+    ));
     tree.packed = Some(tree.nodes.len() - 1);
 }
 

@@ -50,6 +50,24 @@ pub struct Node {
     pub rel: Vec<u8>,
 }
 
+impl Node {
+    /// A regular file of the image's own (packed inode, metabox inode): owned by root,
+    /// one link, the build time as mtime, in no directory; `rel` names it in errors.
+    pub fn internal_file(path: PathBuf, size: u64, mode: u16, mtime: i64, rel: &[u8]) -> Node {
+        Node {
+            kind: Kind::File { path, size },
+            mode,
+            uid: 0,
+            gid: 0,
+            mtime,
+            mtime_nsec: 0,
+            nlink: 1,
+            xattrs: Vec::new(),
+            rel: rel.to_vec(),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Tree {
     pub nodes: Vec<Node>,

@@ -68,13 +68,11 @@ pub fn write_image(
         meta_blkaddr: meta.blkaddr,
         xattr_blkaddr: shared_blk,
         xattr_filter: plan.xattrs.any,
-        chunked: layouts.iter().any(|l| matches!(l, Layout::Chunked { .. })),
+        chunked: layouts.iter().any(Layout::chunked),
         compressed,
         inline_pcluster: layouts.iter().any(Layout::inline_pcluster),
+        shared_pclusters: layouts.iter().any(Layout::full_index),
         // The packed inode counts only when some file has a fragment in it.
-        shared_pclusters: layouts
-            .iter()
-            .any(|l| matches!(l, Layout::Compressed(z) if z.full_index)),
         packed_nid: match tree.packed {
             Some(id) if layouts.iter().any(Layout::fragment) => Some(meta.nid(id)),
             _ => None,

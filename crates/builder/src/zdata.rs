@@ -770,6 +770,8 @@ fn write_piece(
         let off = buf.len() - piece.bytes.len();
         buf[off..].copy_from_slice(&piece.bytes);
     }
+    let blkaddr = u32::try_from(*next_blk)
+        .map_err(|_| BuildError::TooLarge("compressed data beyond 2^32 blocks".into()))?;
     let mut new_key = None;
     if let Some(m) = pcl {
         let key = (
@@ -780,16 +782,20 @@ fn write_piece(
             p.alg,
         );
         match m.map.get(&key) {
-            Some(&(blkaddr, b)) if u64::from(b) == blocks => {
+            Some(&(at, b)) if u64::from(b) == blocks => {
                 p.potential += blocks * bs;
-                // Byte for byte: the hash only finds the candidate.
-                let mut old = vec![0u8; buf.len()];
-                out.read_at(u64::from(blkaddr) << bits, &mut old)?;
-                if old == buf && (p.shared || p.potential > full_index_extra(p.lclusters)) {
+                // Byte for byte (the hash only finds the candidate), once sharing pays.
+                let worth = p.shared || p.potential > full_index_extra(p.lclusters);
+                let mut old = Vec::new();
+                if worth {
+                    old.resize(buf.len(), 0);
+                    out.read_at(u64::from(at) << bits, &mut old)?;
+                }
+                if worth && old == buf {
                     p.extents.push(ExtentDesc {
                         lstart: piece.lstart,
                         kind,
-                        blkaddr,
+                        blkaddr: at,
                         blocks: b,
                     });
                     p.shared = true;
@@ -802,16 +808,12 @@ fn write_piece(
             None if m.map.len() < PCL_MAP_MAX => new_key = Some(key),
             None => {}
         }
-        let blkaddr = u32::try_from(*next_blk)
-            .map_err(|_| BuildError::TooLarge("compressed data beyond 2^32 blocks".into()))?;
         if let Some(k) = new_key {
             m.map.insert(k, (blkaddr, blocks as u16));
             p.inserted.push(k);
         }
     }
     out.write_at(*next_blk << bits, &buf)?;
-    let blkaddr = u32::try_from(*next_blk)
-        .map_err(|_| BuildError::TooLarge("compressed data beyond 2^32 blocks".into()))?;
     p.extents.push(ExtentDesc {
         lstart: piece.lstart,
         kind,
@@ -899,33 +901,60 @@ fn finish_file(
         let len = f.size - last.lstart;
         write_piece(last, len, &mut p, out, bits, next_blk, pcl.as_deref_mut())?;
     }
-    // Does the file shrink? Stored blocks + inline bytes + index vs. what it takes
-    // uncompressed (its exact size when the tail can go inline, like mkfs.erofs; whole
-    // blocks otherwise). A tie goes to uncompressed: it reads faster.
     let inline_len = inline.as_ref().map_or(0, |(b, _)| b.len() as u64);
-    let stored = p.blocks * bs + inline_len + index_bytes(&p, f.size, bits) + 8;
+    if !shrinks(f, &p, inline_len, bits) {
+        return roll_back(f, &p, bytes, out, bits, next_blk, pcl);
+    }
+    Ok(compressed(c, p, inline, None))
+}
+
+/// Does the file shrink? Its stored blocks, `tail` bytes kept elsewhere (inline or in
+/// the packed inode) and its index against what it takes uncompressed (its exact size
+/// when the tail can go inline, like mkfs.erofs; whole blocks otherwise). A tie goes to
+/// uncompressed: it reads faster.
+fn shrinks(f: &FileReq, p: &Pending, tail: u64, bits: u8) -> bool {
+    let bs = 1u64 << bits;
+    let stored = p.blocks * bs + tail + index_bytes(p, f.size, bits) + 8;
     let raw = if f.inline_tail {
         f.size
     } else {
         f.size.div_ceil(bs) * bs
     };
-    if stored >= raw {
-        // Roll back (nothing was written after this file) and store it raw.
-        forget(&p, pcl, bs);
-        if let Some(first) = p.first_blk {
-            *next_blk = first;
-        }
-        return store_raw(f, bytes.as_deref(), out, bits, next_blk);
+    stored < raw
+}
+
+/// Undo a file that does not shrink (nothing was written after it) and store it raw.
+fn roll_back(
+    f: &FileReq,
+    p: &Pending,
+    bytes: Option<Vec<u8>>,
+    out: &mut Out,
+    bits: u8,
+    next_blk: &mut u64,
+    pcl: Option<&mut PclMap>,
+) -> Result<Stored> {
+    forget(p, pcl, 1 << bits);
+    if let Some(first) = p.first_blk {
+        *next_blk = first;
     }
-    let alg_id = c.algorithms[p.alg].encoder.algorithm().id();
-    Ok(Stored::Compressed(ZFile {
-        alg_id,
+    store_raw(f, bytes.as_deref(), out, bits, next_blk)
+}
+
+/// The compressed layout of a finished file.
+fn compressed(
+    c: &Compression,
+    p: Pending,
+    inline: Option<(Vec<u8>, bool)>,
+    fragment: Option<u64>,
+) -> Stored {
+    Stored::Compressed(ZFile {
+        alg_id: c.algorithms[p.alg].encoder.algorithm().id(),
         extents: p.extents,
         inline,
         blocks: p.blocks + p.reused,
-        fragment: None,
+        fragment,
         full_index: p.shared,
-    }))
+    })
 }
 
 /// Finish a file whose last piece is a fragment: the fragment goes to the packed inode
@@ -944,7 +973,6 @@ fn finish_with_fragment(
     frags: Option<&mut FragStore>,
     pcl: Option<&mut PclMap>,
 ) -> Result<Stored> {
-    let bs = 1u64 << bits;
     let fs = frags.ok_or_else(|| BuildError::Options("internal: no fragment store".into()))?;
     if p.extents.is_empty() && last.lstart == 0 {
         return Ok(Stored::Fragment(fs.add(&last.bytes)? as u64));
@@ -952,18 +980,8 @@ fn finish_with_fragment(
     // The fragment counts at what it compressed to alone, or its raw size (at most a
     // pcluster) when it was not compressed: in the packed inode it will take about
     // that or less.
-    let stored = p.blocks * bs + last.est + index_bytes(&p, f.size, bits) + 8;
-    let raw = if f.inline_tail {
-        f.size
-    } else {
-        f.size.div_ceil(bs) * bs
-    };
-    if stored >= raw {
-        forget(&p, pcl, bs);
-        if let Some(first) = p.first_blk {
-            *next_blk = first;
-        }
-        return store_raw(f, bytes.as_deref(), out, bits, next_blk);
+    if !shrinks(f, &p, last.est, bits) {
+        return roll_back(f, &p, bytes, out, bits, next_blk, pcl);
     }
     let id = fs.add(&last.bytes)?;
     // The tail head's block address is never read (the extent is a fragment); like
@@ -975,13 +993,5 @@ fn finish_with_fragment(
         blkaddr,
         blocks: 0,
     });
-    let alg_id = c.algorithms[p.alg].encoder.algorithm().id();
-    Ok(Stored::Compressed(ZFile {
-        alg_id,
-        extents: p.extents,
-        inline: None,
-        blocks: p.blocks + p.reused,
-        fragment: Some(id as u64),
-        full_index: p.shared,
-    }))
+    Ok(compressed(c, p, None, Some(id as u64)))
 }

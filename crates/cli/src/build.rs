@@ -236,10 +236,7 @@ pub fn run(a: BuildArgs) -> Result<()> {
         image: &a.image,
         report: &report,
         seconds: t0.elapsed().as_secs_f64(),
-        threads: match a.threads {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            n => n,
-        },
+        threads: opts.worker_threads(),
         peak_rss: peak_rss_bytes(),
     };
     for w in &report.warnings {

@@ -47,6 +47,7 @@ mod progress;
 mod record;
 mod sb;
 pub mod scan;
+mod shift;
 mod write;
 pub mod xattrs;
 pub mod zdata;

@@ -12,6 +12,7 @@ use crate::data::{data_segments, DataWriter, FileData};
 use crate::frag::FragStore;
 use crate::options::*;
 use crate::out::Out;
+use crate::shift;
 use ferofs_compress::probe::{Probe, CHUNK};
 use ferofs_compress::{new_compressor, CompressorSpec, FixedOutputCompressor};
 use ferofs_format::zindex::{ExtentDesc, HeadKind};
@@ -153,6 +154,10 @@ struct Piece {
     /// For a fragment: what it compressed to when that is known, else its length (a
     /// bound for deciding whether the file shrinks).
     est: u64,
+    /// Shifted dedupe: the piece is a reference to a pcluster already written.
+    refer: Option<shift::Ref>,
+    /// Shifted dedupe: how to find this piece's data again once it is written.
+    sig: Option<shift::Sig>,
 }
 
 struct Job {
@@ -168,12 +173,16 @@ struct Job {
     /// The job ends the file.
     last: bool,
     frag: FragMode,
+    /// Shifted dedupe is on: hand back the segment's bytes and anchors.
+    shift: bool,
 }
 
 /// What a worker hands the committer for one job.
 struct SegOut {
     pieces: Vec<Piece>,
     raw: Option<Vec<u8>>,
+    /// Shifted dedupe: the segment's bytes and anchors.
+    shift: Option<(Vec<u8>, shift::Anchors)>,
     /// Input bytes handed to the compressor.
     fed: u64,
 }
@@ -237,11 +246,43 @@ fn compress_segment(
                 bytes: data,
                 plain: false,
                 frag: true,
+                refer: None,
+                sig: None,
             }],
             raw: None,
+            shift: None,
             fed: 0,
         });
     }
+    let (pieces, fed) = compress_data(job, &data, comps, dst, c, bs)?;
+    if job.shift {
+        let anchors = shift::anchors(&data);
+        return Ok(SegOut {
+            pieces,
+            raw: None,
+            shift: Some((data, anchors)),
+            fed,
+        });
+    }
+    Ok(SegOut {
+        pieces,
+        raw: job.whole.then_some(data),
+        shift: None,
+        fed,
+    })
+}
+
+/// The pieces of `data`, the bytes `[job.start, job.end)` of a file, and the input
+/// bytes handed to the compressor.
+fn compress_data(
+    job: &Job,
+    data: &[u8],
+    comps: &mut Codecs,
+    dst: &mut Vec<u8>,
+    c: &Compression,
+    bs: u64,
+) -> Result<(Vec<Piece>, u64)> {
+    let len = data.len();
     let key = (job.alg, job.pcluster);
     if let std::collections::hash_map::Entry::Vacant(e) = comps.entry(key) {
         let spec = &c.algorithms[job.alg];
@@ -273,6 +314,8 @@ fn compress_segment(
                 plain: true,
                 frag: false,
                 est: 0,
+                refer: None,
+                sig: None,
             });
         }
     };
@@ -294,6 +337,8 @@ fn compress_segment(
                 plain: false,
                 frag: true,
                 est: (len - pos) as u64,
+                refer: None,
+                sig: None,
             });
             fed -= (len - pos) as u64;
             break;
@@ -305,6 +350,8 @@ fn compress_segment(
                 plain: true,
                 frag: false,
                 est: 0,
+                refer: None,
+                sig: None,
             });
             fed -= (len - pos) as u64;
             break;
@@ -332,7 +379,23 @@ fn compress_segment(
             continue;
         }
         let src = &data[pos..len.min(pos + MAX_EXTENT_INPUT)];
-        let (consumed, written) = comp.compress_destsize(src, dst);
+        let (mut consumed, mut written) = comp.compress_destsize(src, dst);
+        let bu = bsz;
+        if job.last
+            && c.ztailpacking
+            && !frag_tail
+            && pos + consumed == len
+            && written > bu
+            && written % bu != 0
+        {
+            // The end of the file would leave its last block part empty: fill whole
+            // blocks instead and leave the rest to an inline tail (mkfs.erofs does the
+            // same). If that tail does not fit inline it takes the block saved here.
+            let (c2, w2) = comp.compress_destsize(src, &mut dst[..written / bu * bu]);
+            if c2 > 0 && w2 > 0 && c2 < consumed && (len - pos - c2) as u64 > 0 {
+                (consumed, written) = (c2, w2);
+            }
+        }
         let stored = (written as u64).div_ceil(bs) * bs;
         if frag_tail && pos + consumed == len && written < job.pcluster as usize {
             // The rest of the file compresses into a pcluster it does not fill: it
@@ -343,16 +406,24 @@ fn compress_segment(
                 plain: false,
                 frag: true,
                 est: written as u64,
+                refer: None,
+                sig: None,
             });
             break;
         }
-        if consumed > 0 && written > 0 && stored < consumed as u64 {
+        // With ztailpacking, a compressed end of file shorter than a block may go
+        // inline behind the inode even when it saves no block (finish_file decides).
+        let may_inline =
+            job.last && c.ztailpacking && pos + consumed == len && (written as u64) < bs;
+        if consumed > 0 && written > 0 && (stored < consumed as u64 || may_inline) {
             pieces.push(Piece {
                 lstart: job.start + pos as u64,
                 bytes: dst[..written].to_vec(),
                 plain: false,
                 frag: false,
                 est: 0,
+                refer: None,
+                sig: None,
             });
             pos += consumed;
         } else {
@@ -367,11 +438,168 @@ fn compress_segment(
             pos += n;
         }
     }
-    Ok(SegOut {
-        pieces,
-        raw: job.whole.then_some(data),
-        fed,
+    Ok((pieces, fed))
+}
+
+/// The committer's codecs, for compressing stretches again around shifted matches.
+struct Recompress<'a> {
+    comps: &'a mut Codecs,
+    dst: &'a mut Vec<u8>,
+    c: &'a Compression,
+    bs: u64,
+}
+
+impl Recompress<'_> {
+    /// The pieces of `data`, the file's bytes from `start`, compressed on their own.
+    fn pieces(&mut self, job: &Job, data: &[u8], start: u64) -> Result<Vec<Piece>> {
+        let sub = Job {
+            file: job.file,
+            path: job.path.clone(),
+            start,
+            end: start + data.len() as u64,
+            alg: job.alg,
+            pcluster: job.pcluster,
+            whole: false,
+            last: false,
+            frag: FragMode::None,
+            shift: false,
+        };
+        Ok(compress_data(&sub, data, self.comps, self.dst, self.c, self.bs)?.0)
+    }
+}
+
+/// Blocks a piece writes.
+fn piece_blocks(p: &Piece, bs: u64) -> u64 {
+    if p.refer.is_some() || p.frag {
+        0
+    } else if p.plain {
+        1
+    } else {
+        (p.bytes.len() as u64).div_ceil(bs)
+    }
+}
+
+/// Can `run` (pieces in order, the next extent starting at `next`) be described by
+/// lcluster indexes? Every extent starts in an lcluster of its own, and one whose
+/// pcluster has several blocks spans a NONHEAD lcluster (which holds the block count).
+fn heads_ok(run: &[Piece], next: u64, bits: u8) -> bool {
+    run.iter().enumerate().all(|(i, q)| {
+        let to = run.get(i + 1).map_or(next, |n| n.lstart);
+        let (a, b) = (q.lstart >> bits, to >> bits);
+        let blocks = q
+            .refer
+            .map_or(piece_blocks(q, 1 << bits), |r| u64::from(r.blocks));
+        b > a && (blocks <= 1 || b >= a + 2)
     })
+}
+
+/// Shifted dedupe of one segment (see `shift`): its pieces with matched stretches
+/// turned into references, each piece signed for later matches.
+#[allow(clippy::too_many_arguments)]
+fn rework(
+    job: &Job,
+    pieces: Vec<Piece>,
+    data: &[u8],
+    anchors: &[(u32, u64)],
+    m: &PclMap,
+    p: &Pending,
+    files: &[FileReq],
+    re: &mut Recompress,
+) -> Result<Vec<Piece>> {
+    let bs = re.bs;
+    let bits = bs.trailing_zeros() as u8;
+    let base = job.start;
+    let n = data.len();
+    let starts: Vec<usize> = pieces.iter().map(|q| (q.lstart - base) as usize).collect();
+    let end_of = |k: usize| starts.get(k + 1).copied().unwrap_or(n);
+    // Matches keep clear of fragments and of a file's last piece (it may go inline).
+    let limit = match pieces.iter().position(|q| q.frag) {
+        Some(k) => starts[k],
+        None if job.last => starts.last().copied().unwrap_or(0),
+        None => n,
+    };
+    let min_len = |blocks: u16| {
+        if blocks > 1 {
+            2 * bs as usize
+        } else {
+            bs as usize
+        }
+    };
+    let mut ver = shift::Verifier::new(files);
+    let mut slots: Vec<Option<Piece>> = pieces.into_iter().map(Some).collect();
+    let mut out: Vec<Piece> = Vec::with_capacity(slots.len());
+    // Pieces before `next` are in `out`.
+    let mut next = 0usize;
+    let mut shared = p.shared;
+    for &(q, h) in anchors {
+        let q = q as usize;
+        if q >= limit {
+            break;
+        }
+        let from = starts.get(next).copied().unwrap_or(n);
+        if q < from {
+            continue;
+        }
+        let chain = shift::find(
+            &m.shift, &mut ver, data, base, q, h, from, limit, p.alg, &min_len,
+        )?;
+        let (Some(first), Some(last)) = (chain.first(), chain.last()) else {
+            continue;
+        };
+        let s = (first.start - base) as usize;
+        let e = (last.start + last.len - base) as usize;
+        // The pieces the match overlaps: a..=b.
+        let a = starts.partition_point(|&x| x <= s).saturating_sub(1);
+        let b = starts.partition_point(|&x| x < e).saturating_sub(1);
+        if a < next || b < a {
+            continue;
+        }
+        let (sa, eb) = (starts[a], end_of(b));
+        let old: u64 = slots[a..=b]
+            .iter()
+            .flatten()
+            .map(|q| piece_blocks(q, bs))
+            .sum();
+        let mut run = if s > sa {
+            re.pieces(job, &data[sa..s], base + sa as u64)?
+        } else {
+            Vec::new()
+        };
+        for mt in &chain {
+            run.push(Piece {
+                lstart: mt.start,
+                bytes: Vec::new(),
+                plain: mt.pcl.plain,
+                frag: false,
+                est: 0,
+                refer: Some(mt.pcl),
+                sig: None,
+            });
+        }
+        if e < eb {
+            run.extend(re.pieces(job, &data[e..eb], base + e as u64)?);
+        }
+        let new: u64 = run.iter().map(|q| piece_blocks(q, bs)).sum();
+        let worth = new < old && (shared || (old - new) * bs > full_index_extra(p.lclusters));
+        if !worth || !heads_ok(&run, base + eb as u64, bits) {
+            continue;
+        }
+        out.extend(slots[next..a].iter_mut().filter_map(Option::take));
+        out.extend(run);
+        next = b + 1;
+        shared = true;
+    }
+    let k = next.min(slots.len());
+    out.extend(slots[k..].iter_mut().filter_map(Option::take));
+    // Sign what will be written, so later data can match it.
+    for i in 0..out.len() {
+        let s = (out[i].lstart - base) as usize;
+        let e = out.get(i + 1).map_or(n, |q| (q.lstart - base) as usize);
+        if out[i].refer.is_none() && !out[i].frag {
+            out[i].sig = shift::sig(data, anchors, s, e - s);
+        }
+    }
+    Ok(out)
 }
 
 /// Per-file commit state.
@@ -394,6 +622,10 @@ struct Pending {
     potential: u64,
     /// Pcluster table entries this file added.
     inserted: Vec<PclKey>,
+    /// The file's index in the stage's list.
+    file: usize,
+    /// Shifted-dedupe index entries this file added.
+    shift_ids: Vec<u32>,
 }
 
 /// What the committer needs to know about each file to decide on inlining.
@@ -446,6 +678,7 @@ pub fn store_all(
             })
             .collect()
     });
+    let shift_on = pcl.is_some();
     let mut jobs = Vec::new();
     for (fi, f) in files.iter().enumerate() {
         // A file of at most one block cannot shrink unless its compressed form goes
@@ -478,6 +711,7 @@ pub fn store_all(
                 whole: s == 0 && e == f.size,
                 last: e == f.size,
                 frag,
+                shift: shift_on,
             });
             s = e;
         }
@@ -487,6 +721,9 @@ pub fn store_all(
     // Files before `done_upto` are committed.
     let mut done_upto = 0usize;
     let mut fed = 0u64;
+    // Shifted dedupe compresses again on the committer: its own codecs.
+    let mut ccomps: Codecs = HashMap::new();
+    let mut cdst = Vec::new();
     // The committer (this thread) takes results strictly in job order while the
     // workers run ahead, at most `window` input bytes past the last committed job.
     let mut commit = |job: &Job, seg: SegOut| -> Result<()> {
@@ -526,6 +763,8 @@ pub fn store_all(
                     reused: 0,
                     potential: 0,
                     inserted: Vec::new(),
+                    file: job.file,
+                    shift_ids: Vec::new(),
                 },
             ));
             if job.frag == FragMode::Whole {
@@ -548,7 +787,20 @@ pub fn store_all(
             }
             return Ok(());
         }
-        for piece in seg.pieces {
+        let mut pieces = seg.pieces;
+        if let (Some((data, anchors)), Some(m)) = (seg.shift, pcl.as_deref_mut()) {
+            let mut re = Recompress {
+                comps: &mut ccomps,
+                dst: &mut cdst,
+                c,
+                bs,
+            };
+            pieces = rework(job, pieces, &data, &anchors, m, p, files, &mut re)?;
+            if job.whole {
+                p.raw = Some(data);
+            }
+        }
+        for piece in pieces {
             if let Some(prev) = p.last.take() {
                 let len = piece.lstart - prev.lstart;
                 write_piece(prev, len, p, out, bits, &mut next_blk, pcl.as_deref_mut())?;
@@ -723,6 +975,8 @@ fn store_raw(
 #[derive(Default)]
 pub struct PclMap {
     map: HashMap<PclKey, (u32, u16)>,
+    /// Written pclusters by their data, for shifted matches.
+    shift: shift::Index,
     /// Bytes of pclusters referenced instead of written.
     pub saved: u64,
 }
@@ -752,6 +1006,25 @@ fn write_piece(
     pcl: Option<&mut PclMap>,
 ) -> Result<()> {
     let bs = 1u64 << bits;
+    if let Some(r) = piece.refer {
+        p.extents.push(ExtentDesc {
+            lstart: piece.lstart,
+            kind: if r.plain {
+                HeadKind::Plain
+            } else {
+                HeadKind::Head1
+            },
+            blkaddr: r.blkaddr,
+            blocks: r.blocks,
+            partial: r.partial,
+        });
+        p.shared = true;
+        p.reused += u64::from(r.blocks);
+        if let Some(m) = pcl {
+            m.saved += u64::from(r.blocks) * bs;
+        }
+        return Ok(());
+    }
     let blocks = if piece.plain {
         1
     } else {
@@ -797,6 +1070,7 @@ fn write_piece(
                         kind,
                         blkaddr: at,
                         blocks: b,
+                        partial: false,
                     });
                     p.shared = true;
                     p.reused += blocks;
@@ -812,6 +1086,16 @@ fn write_piece(
             m.map.insert(k, (blkaddr, blocks as u16));
             p.inserted.push(k);
         }
+        if let Some(sig) = piece.sig {
+            let written = shift::Ref {
+                blkaddr,
+                blocks: blocks as u16,
+                plain: piece.plain,
+                partial: false,
+            };
+            let id = m.shift.insert(sig, p.file, piece.lstart, written, p.alg);
+            p.shift_ids.extend(id);
+        }
     }
     out.write_at(*next_blk << bits, &buf)?;
     p.extents.push(ExtentDesc {
@@ -819,6 +1103,7 @@ fn write_piece(
         kind,
         blkaddr,
         blocks: blocks as u16,
+        partial: false,
     });
     p.first_blk.get_or_insert(*next_blk);
     p.blocks += blocks;
@@ -833,6 +1118,7 @@ fn forget(p: &Pending, pcl: Option<&mut PclMap>, bs: u64) {
         for k in &p.inserted {
             m.map.remove(k);
         }
+        m.shift.remove(&p.shift_ids);
         m.saved -= p.reused * bs;
     }
 }
@@ -895,6 +1181,7 @@ fn finish_file(
             },
             blkaddr,
             blocks: 0,
+            partial: false,
         });
         inline = Some((last.bytes, last.plain));
     } else {
@@ -992,6 +1279,7 @@ fn finish_with_fragment(
         kind: HeadKind::Head1,
         blkaddr,
         blocks: 0,
+        partial: false,
     });
     Ok(compressed(c, p, None, Some(id as u64)))
 }

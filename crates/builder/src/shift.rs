@@ -34,7 +34,7 @@ use std::fs::File;
 use std::path::Path;
 
 /// Bytes hashed to filter a candidate before its source is read again.
-const PRE: usize = 4096;
+pub const PRE: usize = 4096;
 /// Anchors a segment may have at most, per byte (pathological data: every position).
 const MAX_ANCHOR_DENSITY: usize = 64;
 /// Entries the index holds at most (about 56 MiB).
@@ -98,12 +98,12 @@ pub fn anchors(data: &[u8]) -> Anchors {
 /// How to recognise a written piece's data: its first anchor and first bytes.
 #[derive(Debug, Clone, Copy)]
 pub struct Sig {
-    anchor: u64,
+    pub anchor: u64,
     /// Offset of the anchor from the piece's start.
-    anchor_off: u32,
-    pre: u64,
+    pub anchor_off: u32,
+    pub pre: u64,
     /// Logical bytes of the piece.
-    len: u32,
+    pub len: u32,
 }
 
 /// The signature of the piece `data[start..start + len]` (positions relative to the
@@ -135,6 +135,9 @@ pub struct Ref {
     pub plain: bool,
     /// Only a prefix of the pcluster's data is used.
     pub partial: bool,
+    /// The pcluster is an earlier piece of the same segment, not written yet: its
+    /// index in the segment's pieces (`blkaddr` is filled in once it is written).
+    pub local: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -170,6 +173,7 @@ impl Index {
             sig,
             pcl: Ref {
                 partial: false,
+                local: None,
                 ..pcl
             },
             alg: u16::try_from(alg).ok()?,

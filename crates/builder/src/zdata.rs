@@ -466,6 +466,35 @@ impl Recompress<'_> {
         };
         Ok(compress_data(&sub, data, self.comps, self.dst, self.c, self.bs)?.0)
     }
+
+    /// `data` as one compressed piece, when it fits one pcluster: a stretch that does
+    /// not compress then still takes one extent (with about the blocks it takes raw),
+    /// where one block a piece would put two extent heads in one lcluster.
+    fn one_piece(&mut self, job: &Job, data: &[u8], start: u64) -> Result<Option<Piece>> {
+        let key = (job.alg, job.pcluster);
+        let (comp, _) = match self.comps.get_mut(&key) {
+            Some(c) => c,
+            None => return Ok(None),
+        };
+        comp.begin_stream();
+        let cap = job.pcluster as usize;
+        if self.dst.len() < cap {
+            self.dst.resize(cap, 0);
+        }
+        let (consumed, written) = comp.compress_destsize(data, &mut self.dst[..cap]);
+        if consumed != data.len() || written == 0 {
+            return Ok(None);
+        }
+        Ok(Some(Piece {
+            lstart: start,
+            bytes: self.dst[..written].to_vec(),
+            plain: false,
+            frag: false,
+            est: 0,
+            refer: None,
+            sig: None,
+        }))
+    }
 }
 
 /// Blocks a piece writes.
@@ -491,6 +520,76 @@ fn heads_ok(run: &[Piece], next: u64, bits: u8) -> bool {
             .map_or(piece_blocks(q, 1 << bits), |r| u64::from(r.blocks));
         b > a && (blocks <= 1 || b >= a + 2)
     })
+}
+
+/// Matches against earlier pieces of the same segment: original piece `k` (signed
+/// `sg`) and its successors, compared in memory. Every target ends before the match
+/// starts, so it is written unchanged before the references to it.
+#[allow(clippy::too_many_arguments)]
+fn local_chain(
+    slots: &[Option<Piece>],
+    starts: &[usize],
+    n: usize,
+    k: usize,
+    sg: shift::Sig,
+    data: &[u8],
+    base: u64,
+    q: usize,
+    from: usize,
+    limit: usize,
+    bs: u64,
+    min_len: &dyn Fn(u16) -> usize,
+) -> Vec<shift::Match> {
+    let bs_blocks = |p: &Piece| -> u16 { u16::try_from(piece_blocks(p, bs)).unwrap_or(u16::MAX) };
+    let mut chain = Vec::new();
+    let Some(start) = q.checked_sub(sg.anchor_off as usize) else {
+        return chain;
+    };
+    let end_of = |k: usize| starts.get(k + 1).copied().unwrap_or(n);
+    if start < from || start >= limit {
+        return chain;
+    }
+    let pre = shift::PRE.min(sg.len as usize);
+    if start + pre > limit || xxhash_rust::xxh3::xxh3_64(&data[start..start + pre]) != sg.pre {
+        return chain;
+    }
+    let mut pos = start;
+    let mut j = k;
+    // Bounded: each pass moves to the next piece or stops.
+    while let Some(Some(t)) = slots.get(j) {
+        let (ts, te) = (starts[j], end_of(j));
+        if t.frag || te > start {
+            break;
+        }
+        let want = (te - ts).min(limit - pos);
+        let same = data[pos..pos + want]
+            .iter()
+            .zip(&data[ts..ts + want])
+            .take_while(|(a, b)| a == b)
+            .count();
+        // `blocks` here only sizes the NONHEAD rule; the writer fills in the real one.
+        let blocks = bs_blocks(t);
+        if same < min_len(blocks) {
+            break;
+        }
+        chain.push(shift::Match {
+            start: base + pos as u64,
+            len: same as u64,
+            pcl: shift::Ref {
+                blkaddr: 0,
+                blocks,
+                plain: t.plain,
+                partial: same < te - ts,
+                local: Some(j),
+            },
+        });
+        pos += same;
+        if same < te - ts {
+            break;
+        }
+        j += 1;
+    }
+    chain
 }
 
 /// Shifted dedupe of one segment (see `shift`): its pieces with matched stretches
@@ -526,8 +625,20 @@ fn rework(
         }
     };
     let mut ver = shift::Verifier::new(files);
+    // Earlier pieces of this segment, by their first anchor (repeats inside a file).
+    let mut local: HashMap<u64, (usize, shift::Sig)> = HashMap::new();
+    for k in 0..pieces.len() {
+        let q = &pieces[k];
+        if !q.frag && end_of(k) <= limit {
+            if let Some(sg) = shift::sig(data, anchors, starts[k], end_of(k) - starts[k]) {
+                local.entry(sg.anchor).or_insert((k, sg));
+            }
+        }
+    }
     let mut slots: Vec<Option<Piece>> = pieces.into_iter().map(Some).collect();
     let mut out: Vec<Piece> = Vec::with_capacity(slots.len());
+    // Where each original piece went in `out`.
+    let mut pos_of: Vec<Option<usize>> = vec![None; slots.len()];
     // Pieces before `next` are in `out`.
     let mut next = 0usize;
     let mut shared = p.shared;
@@ -540,9 +651,16 @@ fn rework(
         if q < from {
             continue;
         }
-        let chain = shift::find(
+        let mut chain = shift::find(
             &m.shift, &mut ver, data, base, q, h, from, limit, p.alg, &min_len,
         )?;
+        if chain.is_empty() {
+            if let Some(&(k, sg)) = local.get(&h) {
+                chain = local_chain(
+                    &slots, &starts, n, k, sg, data, base, q, from, limit, bs, &min_len,
+                );
+            }
+        }
         let (Some(first), Some(last)) = (chain.first(), chain.last()) else {
             continue;
         };
@@ -554,19 +672,11 @@ fn rework(
         if a < next || b < a {
             continue;
         }
-        let (sa, eb) = (starts[a], end_of(b));
-        let old: u64 = slots[a..=b]
+        // Local targets must lie before every piece the match replaces.
+        let last_target = chain.iter().filter_map(|m| m.pcl.local).max();
+        let refs: Vec<Piece> = chain
             .iter()
-            .flatten()
-            .map(|q| piece_blocks(q, bs))
-            .sum();
-        let mut run = if s > sa {
-            re.pieces(job, &data[sa..s], base + sa as u64)?
-        } else {
-            Vec::new()
-        };
-        for mt in &chain {
-            run.push(Piece {
+            .map(|mt| Piece {
                 lstart: mt.start,
                 bytes: Vec::new(),
                 plain: mt.pcl.plain,
@@ -574,17 +684,89 @@ fn rework(
                 est: 0,
                 refer: Some(mt.pcl),
                 sig: None,
-            });
+            })
+            .collect();
+        // The bytes around the match are compressed again up to the neighbouring piece
+        // boundaries. When that gives two extent heads in one lcluster (a short piece
+        // of data that does not compress next to the match), widen the stretch by a
+        // piece or two on either side: the in-block offsets then line up differently.
+        let mut chosen = None;
+        'widen: for back in 0..=1usize {
+            let Some(a2) = a.checked_sub(back) else {
+                break;
+            };
+            if a2 < next || last_target.is_some_and(|k| k >= a2) {
+                break;
+            }
+            for fwd in 0..=1usize {
+                let b2 = b + fwd;
+                if b2 >= starts.len() || end_of(b2) > limit {
+                    break;
+                }
+                let (sa, eb) = (starts[a2], end_of(b2));
+                let old: u64 = slots[a2..=b2]
+                    .iter()
+                    .flatten()
+                    .map(|q| piece_blocks(q, bs))
+                    .sum();
+                // Each side as the codec cuts it, or else as one compressed piece.
+                for single in 0..4u8 {
+                    let side = |re: &mut Recompress, one: bool, from: usize, to: usize| {
+                        if from >= to {
+                            Ok(Some(Vec::new()))
+                        } else if one {
+                            Ok(re
+                                .one_piece(job, &data[from..to], base + from as u64)?
+                                .map(|q| vec![q]))
+                        } else {
+                            re.pieces(job, &data[from..to], base + from as u64)
+                                .map(Some)
+                        }
+                    };
+                    let (Some(mut run), Some(post)) = (
+                        side(re, single & 1 != 0, sa, s)?,
+                        side(re, single & 2 != 0, e, eb)?,
+                    ) else {
+                        continue;
+                    };
+                    run.extend(refs.iter().map(|q| Piece {
+                        bytes: Vec::new(),
+                        ..*q
+                    }));
+                    run.extend(post);
+                    let new: u64 = run.iter().map(|q| piece_blocks(q, bs)).sum();
+                    let worth =
+                        new < old && (shared || (old - new) * bs > full_index_extra(p.lclusters));
+                    if worth && heads_ok(&run, base + eb as u64, bits) {
+                        chosen = Some((a2, b2, run));
+                        break 'widen;
+                    }
+                    if !worth && single == 0 {
+                        break 'widen;
+                    }
+                }
+            }
         }
-        if e < eb {
-            run.extend(re.pieces(job, &data[e..eb], base + e as u64)?);
-        }
-        let new: u64 = run.iter().map(|q| piece_blocks(q, bs)).sum();
-        let worth = new < old && (shared || (old - new) * bs > full_index_extra(p.lclusters));
-        if !worth || !heads_ok(&run, base + eb as u64, bits) {
+        let Some((a, b, mut run)) = chosen else {
             continue;
+        };
+        for k in next..a {
+            if let Some(q) = slots[k].take() {
+                pos_of[k] = Some(out.len());
+                out.push(q);
+            }
         }
-        out.extend(slots[next..a].iter_mut().filter_map(Option::take));
+        for q in run.iter_mut() {
+            if let Some(r) = q.refer.as_mut() {
+                // Local targets lie before the match: they are in `out` now.
+                if let Some(k) = r.local {
+                    r.local = pos_of[k];
+                    if r.local.is_none() {
+                        return Err(BuildError::Options("internal: local dedupe target".into()));
+                    }
+                }
+            }
+        }
         out.extend(run);
         next = b + 1;
         shared = true;
@@ -800,12 +982,33 @@ pub fn store_all(
                 p.raw = Some(data);
             }
         }
-        for piece in pieces {
+        // Where this segment's pieces went (for references to earlier ones).
+        let mut addrs: Vec<Option<(u32, u16)>> = vec![None; pieces.len()];
+        // The segment's index of the piece held back in `p.last`, if it is one of them.
+        let mut held: Option<usize> = None;
+        for (i, mut piece) in pieces.into_iter().enumerate() {
             if let Some(prev) = p.last.take() {
                 let len = piece.lstart - prev.lstart;
-                write_piece(prev, len, p, out, bits, &mut next_blk, pcl.as_deref_mut())?;
+                let at = write_piece(prev, len, p, out, bits, &mut next_blk, pcl.as_deref_mut())?;
+                if let Some(k) = held {
+                    addrs[k] = Some(at);
+                }
+            }
+            if let Some(r) = piece.refer.as_mut() {
+                if let Some(k) = r.local.take() {
+                    let (a, b) = addrs.get(k).copied().flatten().ok_or_else(|| {
+                        BuildError::Options("internal: local dedupe target not written".into())
+                    })?;
+                    if b != r.blocks {
+                        return Err(BuildError::Options(
+                            "internal: local dedupe target changed size".into(),
+                        ));
+                    }
+                    r.blkaddr = a;
+                }
             }
             p.last = Some(piece);
+            held = Some(i);
         }
         Ok(())
     };
@@ -1004,7 +1207,7 @@ fn write_piece(
     bits: u8,
     next_blk: &mut u64,
     pcl: Option<&mut PclMap>,
-) -> Result<()> {
+) -> Result<(u32, u16)> {
     let bs = 1u64 << bits;
     if let Some(r) = piece.refer {
         p.extents.push(ExtentDesc {
@@ -1023,7 +1226,7 @@ fn write_piece(
         if let Some(m) = pcl {
             m.saved += u64::from(r.blocks) * bs;
         }
-        return Ok(());
+        return Ok((r.blkaddr, r.blocks));
     }
     let blocks = if piece.plain {
         1
@@ -1075,7 +1278,7 @@ fn write_piece(
                     p.shared = true;
                     p.reused += blocks;
                     m.saved += blocks * bs;
-                    return Ok(());
+                    return Ok((at, b));
                 }
             }
             Some(_) => {}
@@ -1092,6 +1295,7 @@ fn write_piece(
                 blocks: blocks as u16,
                 plain: piece.plain,
                 partial: false,
+                local: None,
             };
             let id = m.shift.insert(sig, p.file, piece.lstart, written, p.alg);
             p.shift_ids.extend(id);
@@ -1108,7 +1312,7 @@ fn write_piece(
     p.first_blk.get_or_insert(*next_blk);
     p.blocks += blocks;
     *next_blk += blocks;
-    Ok(())
+    Ok((blkaddr, blocks as u16))
 }
 
 /// Undo what a file rolled back to uncompressed put in the pcluster table: its

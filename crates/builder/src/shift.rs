@@ -37,6 +37,8 @@ use std::path::Path;
 pub const PRE: usize = 4096;
 /// Anchors a segment may have at most, per byte (pathological data: every position).
 const MAX_ANCHOR_DENSITY: usize = 64;
+/// Files shorter than this are not searched for shifted matches (nor indexed).
+pub const MIN_FILE: u64 = 16 << 10;
 /// Entries the index holds at most (about 56 MiB).
 const MAX_ENTRIES: usize = 1 << 20;
 
@@ -83,9 +85,13 @@ pub fn anchors(data: &[u8]) -> Anchors {
     let mut v = Vec::new();
     let cap = data.len() / MAX_ANCHOR_DENSITY + 16;
     let mut h = 0u64;
-    for (i, &b) in data.iter().enumerate() {
+    let head = data.len().min(63);
+    for &b in &data[..head] {
         h = (h << 1).wrapping_add(g[usize::from(b)]);
-        if i >= 63 && is_anchor(h) {
+    }
+    for (i, &b) in data.iter().enumerate().skip(head) {
+        h = (h << 1).wrapping_add(g[usize::from(b)]);
+        if is_anchor(h) {
             if v.len() >= cap {
                 break;
             }

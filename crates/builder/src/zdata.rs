@@ -661,88 +661,109 @@ fn rework(
                 );
             }
         }
-        let (Some(first), Some(last)) = (chain.first(), chain.last()) else {
-            continue;
-        };
-        let s = (first.start - base) as usize;
-        let e = (last.start + last.len - base) as usize;
-        // The pieces the match overlaps: a..=b.
-        let a = starts.partition_point(|&x| x <= s).saturating_sub(1);
-        let b = starts.partition_point(|&x| x < e).saturating_sub(1);
-        if a < next || b < a {
+        if chain.is_empty() {
             continue;
         }
-        // Local targets must lie before every piece the match replaces.
-        let last_target = chain.iter().filter_map(|m| m.pcl.local).max();
-        let refs: Vec<Piece> = chain
-            .iter()
-            .map(|mt| Piece {
-                lstart: mt.start,
-                bytes: Vec::new(),
-                plain: mt.pcl.plain,
-                frag: false,
-                est: 0,
-                refer: Some(mt.pcl),
-                sig: None,
-            })
-            .collect();
-        // The bytes around the match are compressed again up to the neighbouring piece
-        // boundaries. When that gives two extent heads in one lcluster (a short piece
-        // of data that does not compress next to the match), widen the stretch by a
-        // piece or two on either side: the in-block offsets then line up differently.
         let mut chosen = None;
-        'widen: for back in 0..=1usize {
-            let Some(a2) = a.checked_sub(back) else {
+        // The bytes around the match are compressed again up to the neighbouring piece
+        // boundaries. Where data does not compress, one block a piece can put two
+        // extent heads in one lcluster (the format allows one); then try, in turn:
+        // each side as one compressed piece, the last reference shortened so the bytes
+        // after it fill whole blocks, the stretch widened by a piece on either side,
+        // and the match started one reference later.
+        'variants: for (drop, trim) in [(0usize, false), (0, true), (1, false), (1, true)] {
+            let chv: Vec<shift::Match> = chain.iter().skip(drop).copied().collect();
+            let (Some(first), Some(last)) = (chv.first(), chv.last()) else {
                 break;
             };
-            if a2 < next || last_target.is_some_and(|k| k >= a2) {
+            let s = (first.start - base) as usize;
+            let e0 = (last.start + last.len - base) as usize;
+            // The pieces the match overlaps: a..=b.
+            let a = starts.partition_point(|&x| x <= s).saturating_sub(1);
+            let b = starts.partition_point(|&x| x < e0).saturating_sub(1);
+            if a < next || b < a {
                 break;
             }
-            for fwd in 0..=1usize {
-                let b2 = b + fwd;
-                if b2 >= starts.len() || end_of(b2) > limit {
+            for back in 0..=1usize {
+                let Some(a2) = a.checked_sub(back) else {
+                    break;
+                };
+                // Local targets must lie before every piece the match replaces.
+                if a2 < next || chv.iter().filter_map(|m| m.pcl.local).any(|k| k >= a2) {
                     break;
                 }
-                let (sa, eb) = (starts[a2], end_of(b2));
-                let old: u64 = slots[a2..=b2]
-                    .iter()
-                    .flatten()
-                    .map(|q| piece_blocks(q, bs))
-                    .sum();
-                // Each side as the codec cuts it, or else as one compressed piece.
-                for single in 0..4u8 {
-                    let side = |re: &mut Recompress, one: bool, from: usize, to: usize| {
-                        if from >= to {
-                            Ok(Some(Vec::new()))
-                        } else if one {
-                            Ok(re
-                                .one_piece(job, &data[from..to], base + from as u64)?
-                                .map(|q| vec![q]))
-                        } else {
-                            re.pieces(job, &data[from..to], base + from as u64)
-                                .map(Some)
-                        }
-                    };
-                    let (Some(mut run), Some(post)) = (
-                        side(re, single & 1 != 0, sa, s)?,
-                        side(re, single & 2 != 0, e, eb)?,
-                    ) else {
-                        continue;
-                    };
-                    run.extend(refs.iter().map(|q| Piece {
-                        bytes: Vec::new(),
-                        ..*q
-                    }));
-                    run.extend(post);
-                    let new: u64 = run.iter().map(|q| piece_blocks(q, bs)).sum();
-                    let worth =
-                        new < old && (shared || (old - new) * bs > full_index_extra(p.lclusters));
-                    if worth && heads_ok(&run, base + eb as u64, bits) {
-                        chosen = Some((a2, b2, run));
-                        break 'widen;
+                for fwd in 0..=1usize {
+                    let b2 = b + fwd;
+                    if b2 >= starts.len() || end_of(b2) > limit {
+                        break;
                     }
-                    if !worth && single == 0 {
-                        break 'widen;
+                    let (sa, eb) = (starts[a2], end_of(b2));
+                    let mut ch = chv.clone();
+                    let mut e = e0;
+                    if trim {
+                        // Bounded: each pass shortens or drops the last reference.
+                        while let Some(l) = ch.last_mut() {
+                            let cut = ((bs - (eb - e) as u64 % bs) % bs) as usize;
+                            if cut == 0 {
+                                break;
+                            }
+                            if (l.len as usize).saturating_sub(cut) >= min_len(l.pcl.blocks) {
+                                l.len -= cut as u64;
+                                l.pcl.partial = true;
+                                e -= cut;
+                                break;
+                            }
+                            e = (l.start - base) as usize;
+                            ch.pop();
+                        }
+                        if ch.is_empty() {
+                            continue 'variants;
+                        }
+                    }
+                    let old: u64 = slots[a2..=b2]
+                        .iter()
+                        .flatten()
+                        .map(|q| piece_blocks(q, bs))
+                        .sum();
+                    // Each side as the codec cuts it, or else as one compressed piece.
+                    for single in 0..4u8 {
+                        let side = |re: &mut Recompress, one: bool, from: usize, to: usize| {
+                            if from >= to {
+                                Ok(Some(Vec::new()))
+                            } else if one {
+                                let at = base + from as u64;
+                                Ok(re.one_piece(job, &data[from..to], at)?.map(|q| vec![q]))
+                            } else {
+                                re.pieces(job, &data[from..to], base + from as u64)
+                                    .map(Some)
+                            }
+                        };
+                        let (Some(mut run), Some(post)) = (
+                            side(re, single & 1 != 0, sa, s)?,
+                            side(re, single & 2 != 0, e, eb)?,
+                        ) else {
+                            continue;
+                        };
+                        run.extend(ch.iter().map(|mt| Piece {
+                            lstart: mt.start,
+                            bytes: Vec::new(),
+                            plain: mt.pcl.plain,
+                            frag: false,
+                            est: 0,
+                            refer: Some(mt.pcl),
+                            sig: None,
+                        }));
+                        run.extend(post);
+                        let new: u64 = run.iter().map(|q| piece_blocks(q, bs)).sum();
+                        let worth = new < old
+                            && (shared || (old - new) * bs > full_index_extra(p.lclusters));
+                        if worth && heads_ok(&run, base + eb as u64, bits) {
+                            chosen = Some((a2, b2, run));
+                            break 'variants;
+                        }
+                        if !worth && single == 0 {
+                            continue 'variants;
+                        }
                     }
                 }
             }
@@ -893,7 +914,9 @@ pub fn store_all(
                 whole: s == 0 && e == f.size,
                 last: e == f.size,
                 frag,
-                shift: shift_on,
+                // Shifted matches need a few blocks on each side: small files are
+                // left to whole-file and pcluster dedupe.
+                shift: shift_on && f.size >= shift::MIN_FILE,
             });
             s = e;
         }

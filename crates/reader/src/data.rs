@@ -321,6 +321,34 @@ impl<S: Source> Image<S> {
         Ok((end > pos).then_some(end))
     }
 
+    /// If logical offset `pos` lies in data (anything that is not a hole of the file's
+    /// mapping: stored, inline, compressed or fragment bytes), the end of that data run
+    /// (consecutive data runs merged, up to [`MAX_HOLE_RUNS`] of them per call). With
+    /// [`Image::hole_end`] it lists a file's data and holes without reading any data,
+    /// e.g. for a tar sparse map.
+    pub fn data_end(&self, ctx: &mut ReadCtx, ino: &Inode, pos: u64) -> Result<Option<u64>> {
+        let mut end = pos;
+        for _ in 0..MAX_HOLE_RUNS {
+            if end >= ino.size {
+                break;
+            }
+            let next = if ino.layout.is_compressed() {
+                self.z_data_end(ctx, ino, end)?
+            } else {
+                let run = self.map_flat(ino, end)?;
+                match run.src {
+                    Src::Hole => None,
+                    _ => Some(run.start.saturating_add(run.len)),
+                }
+            };
+            match next {
+                Some(e) if e > end => end = e.min(ino.size),
+                _ => break,
+            }
+        }
+        Ok((end > pos).then_some(end))
+    }
+
     /// Bytes a read of `len` at `offset` returns.
     fn clamp_read(ino: &Inode, offset: u64, len: usize) -> usize {
         if offset >= ino.size {

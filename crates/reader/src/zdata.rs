@@ -522,6 +522,19 @@ impl<S: Source> Image<S> {
         let e = self.z_map(&mut ctx.meta, ino, &zi, pos)?;
         Ok(matches!(e.src, ZSrc::Hole).then_some(e.end))
     }
+
+    /// Whether logical offset `pos` of a compressed file lies in data (not a hole); the
+    /// end of that extent if so.
+    pub(crate) fn z_data_end(
+        &self,
+        ctx: &mut ReadCtx,
+        ino: &Inode,
+        pos: u64,
+    ) -> Result<Option<u64>> {
+        let zi = self.ctx_zinfo(ctx, ino)?;
+        let e = self.z_map(&mut ctx.meta, ino, &zi, pos)?;
+        Ok((!matches!(e.src, ZSrc::Hole)).then_some(e.end))
+    }
 }
 
 /// `dst` from `src[from..]`; None when `src` is too short.

@@ -288,6 +288,8 @@ fn stream<W: Write>(
     let (item_tx, item_rx) = sync_channel::<Item>(QUEUE);
     let (job_tx, job_rx) = channel::<Job>();
     let job_rx = Mutex::new(job_rx);
+    out.write_all(&tarw::global_header())
+        .context("write the archive")?;
     std::thread::scope(|s| -> Result<()> {
         let budget = &budget;
         let job_rx = &job_rx;

@@ -364,6 +364,29 @@ impl Entry {
     }
 }
 
+/// The global PAX header that opens an archive: `hdrcharset=BINARY`, since names are
+/// bytes, not necessarily UTF-8 or in one normal form (without it libarchive composes
+/// NFD names and refuses invalid UTF-8; GNU tar accepts the keyword only here).
+pub fn global_header() -> Vec<u8> {
+    let mut pax = Vec::new();
+    pax_record(&mut pax, b"hdrcharset", b"BINARY");
+    let mut out = ustar(
+        b"./PaxHeaders/global",
+        0o644,
+        0,
+        0,
+        pax.len() as u64,
+        0,
+        b'g',
+        b"",
+        (0, 0),
+    )
+    .to_vec();
+    out.extend_from_slice(&pax);
+    pad(&mut out);
+    out
+}
+
 /// The end of an archive: two zero blocks, then zeros up to a multiple of GNU tar's
 /// default record size (10240 bytes), given the bytes written so far.
 pub fn trailer(written: u64) -> Vec<u8> {

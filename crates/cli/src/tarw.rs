@@ -460,7 +460,7 @@ mod tests {
         e.encode(&mut out);
         assert_eq!(out.len(), 3 * BLOCK);
         let pax = &out[BLOCK..2 * BLOCK];
-        assert!(pax.starts_with(b"14 uid=4000000000\n"));
+        assert!(pax.starts_with(b"18 uid=4000000000\n"));
         assert!(String::from_utf8_lossy(pax).contains("SCHILY.xattr.user.a%3Db=v\n"));
         let h = &out[2 * BLOCK..];
         assert_eq!(&h[0..4], b"./a\0");

@@ -245,7 +245,9 @@ fn list_dir(top: &Path, with_xattrs: bool) -> Result<Vec<Node>> {
         };
         let mut xattrs = Vec::new();
         if with_xattrs {
-            for name in xattr::list(&p).with_context(|| format!("list xattrs of {}", p.display()))? {
+            for name in
+                xattr::list(&p).with_context(|| format!("list xattrs of {}", p.display()))?
+            {
                 if let Some(val) = xattr::get(&p, &name)
                     .with_context(|| format!("read xattr of {}", p.display()))?
                 {

@@ -62,7 +62,7 @@ pub struct ExportArgs {
 /// Largest piece of file data a worker reads at once.
 const SEGMENT: u64 = 2 << 20;
 /// Most file data read ahead of the writer.
-const BUDGET: u64 = 64 << 20;
+const BUDGET: u64 = 32 << 20;
 /// Most items (headers and segments) queued ahead of the writer.
 const QUEUE: usize = 4096;
 
@@ -87,7 +87,8 @@ struct Job {
     tx: SyncSender<Result<Vec<u8>>>,
 }
 
-/// Bytes of read-ahead data the walker may still start; closed when the writer stops.
+/// Bytes of file data read ahead (queued, being read, or read and not yet written),
+/// and whether the writer has stopped. The walker waits while [`BUDGET`] is in flight.
 struct Budget {
     state: Mutex<(u64, bool)>,
     cv: Condvar,
@@ -103,8 +104,10 @@ impl Budget {
             if g.1 {
                 return false;
             }
-            if g.0 >= n {
-                g.0 -= n;
+            // A segment larger than the whole budget (one compressed extent of up to
+            // 12 MiB) goes when nothing else is in flight.
+            if g.0 == 0 || g.0.saturating_add(n) <= BUDGET {
+                g.0 = g.0.saturating_add(n);
                 return true;
             }
             g = match self.cv.wait(g) {
@@ -115,7 +118,7 @@ impl Budget {
     }
     fn give(&self, n: u64) {
         if let Ok(mut g) = self.state.lock() {
-            g.0 = g.0.saturating_add(n);
+            g.0 = g.0.saturating_sub(n);
         }
         self.cv.notify_all();
     }
@@ -124,6 +127,31 @@ impl Budget {
             g.1 = true;
         }
         self.cv.notify_all();
+    }
+}
+
+/// Segment buffers written out, for the workers to reuse (fresh megabyte buffers
+/// cost page faults each time).
+struct Pool(Mutex<Vec<Vec<u8>>>);
+
+impl Pool {
+    fn get(&self) -> Vec<u8> {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|mut v| v.pop())
+            .unwrap_or_default()
+    }
+    fn put(&self, mut b: Vec<u8>) {
+        if b.capacity() > 2 * SEGMENT as usize {
+            return;
+        }
+        if let Ok(mut v) = self.0.lock() {
+            if v.len() < (BUDGET / SEGMENT) as usize {
+                b.clear();
+                v.push(b);
+            }
+        }
     }
 }
 
@@ -282,9 +310,10 @@ fn stream<W: Write>(
     out: &mut Counter<W>,
 ) -> Result<()> {
     let budget = Budget {
-        state: Mutex::new((BUDGET, false)),
+        state: Mutex::new((0, false)),
         cv: Condvar::new(),
     };
+    let pool = Pool(Mutex::new(Vec::new()));
     let (item_tx, item_rx) = sync_channel::<Item>(QUEUE);
     let (job_tx, job_rx) = channel::<Job>();
     let job_rx = Mutex::new(job_rx);
@@ -293,11 +322,12 @@ fn stream<W: Write>(
     std::thread::scope(|s| -> Result<()> {
         let budget = &budget;
         let job_rx = &job_rx;
+        let pool = &pool;
         let walker = s.spawn(move || walk(img, top, top_path, budget, item_tx, job_tx));
         for _ in 0..threads.max(1) {
-            s.spawn(move || worker(img, job_rx));
+            s.spawn(move || worker(img, job_rx, pool));
         }
-        let res = write_items(item_rx, budget, out);
+        let res = write_items(item_rx, budget, pool, out);
         // Stop the walker if it still waits for budget (after an error).
         budget.close();
         let walked = walker
@@ -312,7 +342,12 @@ fn stream<W: Write>(
     Ok(())
 }
 
-fn write_items<W: Write>(rx: Receiver<Item>, budget: &Budget, out: &mut W) -> Result<()> {
+fn write_items<W: Write>(
+    rx: Receiver<Item>,
+    budget: &Budget,
+    pool: &Pool,
+    out: &mut W,
+) -> Result<()> {
     let zeros = [0u8; tarw::BLOCK];
     for item in rx {
         match item {
@@ -325,6 +360,7 @@ fn write_items<W: Write>(rx: Receiver<Item>, budget: &Budget, out: &mut W) -> Re
                     bail!("internal: segment of {} bytes, {len} expected", data.len());
                 }
                 out.write_all(&data).context("write the archive")?;
+                pool.put(data);
                 budget.give(len);
                 out.write_all(&zeros[..pad]).context("write the archive")?;
             }
@@ -333,7 +369,7 @@ fn write_items<W: Write>(rx: Receiver<Item>, budget: &Budget, out: &mut W) -> Re
     Ok(())
 }
 
-fn worker(img: &Image, jobs: &Mutex<Receiver<Job>>) {
+fn worker(img: &Image, jobs: &Mutex<Receiver<Job>>, pool: &Pool) {
     let mut ctx = ReadCtx::new();
     // Bounded: ends when the walker drops the job queue.
     loop {
@@ -342,15 +378,15 @@ fn worker(img: &Image, jobs: &Mutex<Receiver<Job>>) {
             Err(_) => return,
         };
         let Ok(job) = job else { return };
-        let r = read_segment(img, &mut ctx, &job);
+        let r = read_segment(img, &mut ctx, &job, pool.get());
         // The writer may have stopped; nothing to do then.
         let _ = job.tx.send(r);
     }
 }
 
-fn read_segment(img: &Image, ctx: &mut ReadCtx, job: &Job) -> Result<Vec<u8>> {
+fn read_segment(img: &Image, ctx: &mut ReadCtx, job: &Job, mut buf: Vec<u8>) -> Result<Vec<u8>> {
     let len = usize::try_from(job.len)?;
-    let mut buf = vec![0u8; len];
+    buf.resize(len, 0);
     let mut done = 0usize;
     // Bounded: each read returns at least one byte or fails.
     while done < len {
@@ -480,11 +516,12 @@ fn entry(
             .map(|x| (x.name, x.value))
             .collect()
     };
-    let runs = if kind == Kind::File {
-        data_runs(img, ctx, ino).with_context(|| format!("{}: map data", shown()))?
+    let segs = if kind == Kind::File {
+        segments(img, ctx, ino).with_context(|| format!("{}: map data", shown()))?
     } else {
         Vec::new()
     };
+    let runs = data_runs(&segs);
     // Sparse when the mapping has a hole (a file of holes only has no data runs).
     let sparse = (kind == Kind::File && ino.size > 0 && runs != [(0, ino.size)])
         .then(|| sparse_runs(&runs, ino.size));
@@ -517,73 +554,83 @@ fn entry(
     let pad = tarw::padding(e.data_len());
     let ino = Arc::new(ino.clone());
     let path = Arc::new(e.path);
-    let total: u64 = runs.iter().map(|r| r.1).sum();
-    let mut sent = 0u64;
-    for &(start, len) in &runs {
-        let mut off = start;
-        let end = start + len;
-        // Bounded: each step advances by a segment.
-        while off < end {
-            let n = (end - off).min(SEGMENT);
-            if !budget.take(n) {
-                return Ok(false);
-            }
-            let (tx, rx) = sync_channel(1);
-            sent += n;
-            let last = sent == total;
-            if jobs
-                .send(Job {
-                    ino: ino.clone(),
-                    path: path.clone(),
-                    off,
-                    len: n,
-                    tx,
-                })
-                .is_err()
-            {
-                return Ok(false);
-            }
-            let item = Item::Data {
-                rx,
-                len: n,
-                pad: if last { pad } else { 0 },
-            };
-            if items.send(item).is_err() {
-                return Ok(false);
-            }
-            off += n;
+    let last = segs.len().saturating_sub(1);
+    for (k, &(off, n)) in segs.iter().enumerate() {
+        if !budget.take(n) {
+            return Ok(false);
+        }
+        let (tx, rx) = sync_channel(1);
+        let job = Job {
+            ino: ino.clone(),
+            path: path.clone(),
+            off,
+            len: n,
+            tx,
+        };
+        if jobs.send(job).is_err() {
+            return Ok(false);
+        }
+        let item = Item::Data {
+            rx,
+            len: n,
+            pad: if k == last { pad } else { 0 },
+        };
+        if items.send(item).is_err() {
+            return Ok(false);
         }
     }
     Ok(true)
 }
 
-/// A file's data runs `(offset, length)` from its mapping (holes left out), without
-/// reading data.
-fn data_runs(img: &Image, ctx: &mut ReadCtx, ino: &Inode) -> Result<Vec<(u64, u64)>> {
-    let mut runs: Vec<(u64, u64)> = Vec::new();
+/// A file's data as read segments `(offset, length)`, holes left out, without reading
+/// data: consecutive data runs are gathered up to [`SEGMENT`] bytes, cut only between
+/// extents of a compressed file (so no two workers decode the same extent; an extent
+/// larger than a segment is one segment) and anywhere in stored data.
+fn segments(img: &Image, ctx: &mut ReadCtx, ino: &Inode) -> Result<Vec<(u64, u64)>> {
+    let compressed = ino.layout.is_compressed();
+    let mut segs: Vec<(u64, u64)> = Vec::new();
+    let mut cur: Option<(u64, u64)> = None;
     let mut pos = 0u64;
-    // Bounded: every step advances `pos` (checked below).
+    // Bounded: `run_end` returns an end beyond `pos` or fails.
     while pos < ino.size {
-        if let Some(end) = img.hole_end(ctx, ino, pos)? {
-            if end <= pos {
-                bail!("empty hole at offset {pos}");
+        let (end, hole) = img.run_end(ctx, ino, pos)?;
+        if hole {
+            segs.extend(cur.take());
+        } else {
+            let mut at = pos;
+            // Bounded: each step takes at least one byte of the run, or flushes.
+            while at < end {
+                let (start, len) = cur.unwrap_or((at, 0));
+                let room = SEGMENT.saturating_sub(len);
+                let take = if compressed {
+                    end - at
+                } else {
+                    (end - at).min(room)
+                };
+                if take == 0 || (compressed && len >= SEGMENT) {
+                    segs.extend(cur.take());
+                    continue;
+                }
+                cur = Some((start, len + take));
+                at += take;
             }
-            pos = end;
-            continue;
-        }
-        let end = img
-            .data_end(ctx, ino, pos)?
-            .ok_or_else(|| anyhow!("offset {pos} is neither data nor a hole"))?;
-        if end <= pos {
-            bail!("empty data run at offset {pos}");
-        }
-        match runs.last_mut() {
-            Some(last) if last.0 + last.1 == pos => last.1 += end - pos,
-            _ => runs.push((pos, end - pos)),
         }
         pos = end;
     }
-    Ok(runs)
+    segs.extend(cur);
+    Ok(segs)
+}
+
+/// Data runs: segments that touch merged.
+fn data_runs(segs: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &(o, l) in segs {
+        match runs.last_mut() {
+            Some(last) if last.0 + last.1 == o => last.1 += l,
+            _ => runs.push((o, l)),
+        }
+    }
+    runs
 }
 
 /// The sparse map tar stores: the data runs, plus an empty run at the end of a file

@@ -79,13 +79,21 @@ fn export_our_images_through_gnu_tar() {
     let img = w.join("default.erofs");
     let packed = w.join("packed.erofs");
     build(&tree, &img, &[]);
-    build(&tree, &packed, &["-z", "zstd", "-C", "131072", "-E", "smallest"]);
+    build(
+        &tree,
+        &packed,
+        &["-z", "zstd", "-C", "131072", "-E", "smallest"],
+    );
     drop_socket(&tree);
 
     // Plain .tar file; the socket is reported, not archived.
     let t = w.join("out.tar");
     let out = run_ferofs(&[&"export", &img, &"--tar", &t]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("/special/socket: socket not exported"),
@@ -255,13 +263,7 @@ fn diff_finds_each_single_change() {
     build(&b, &img_b, &["-z", "zstd", "-C", "65536"]);
     for (x, y) in [(&a, &b), (&img_a, &b), (&a, &img_b), (&img_a, &img_b)] {
         let (code, text) = diff(x, y, &[]);
-        assert_eq!(
-            text,
-            EXPECTED,
-            "diff {} {}",
-            x.display(),
-            y.display()
-        );
+        assert_eq!(text, EXPECTED, "diff {} {}", x.display(), y.display());
         assert_eq!(code, 1);
     }
     // Reversed: added and removed swap, a -> b flips.
@@ -269,10 +271,17 @@ fn diff_finds_each_single_change() {
     assert_eq!(code, 1);
     assert!(text.contains("removed  /files/new-file (file)\n"), "{text}");
     assert!(text.contains("added    /xattrs/none (file)\n"), "{text}");
-    assert!(text.contains("changed  /files/script.sh: type directory -> file\n"), "{text}");
+    assert!(
+        text.contains("changed  /files/script.sh: type directory -> file\n"),
+        "{text}"
+    );
 
     // Ignore options drop exactly their lines.
-    let (_, text) = diff(&img_a, &b, &["--ignore-times", "--ignore-owners", "--ignore-xattrs"]);
+    let (_, text) = diff(
+        &img_a,
+        &b,
+        &["--ignore-times", "--ignore-owners", "--ignore-xattrs"],
+    );
     let want: String = EXPECTED
         .lines()
         .filter(|l| !l.contains("mtime") && !l.contains("uid") && !l.contains("xattr user"))

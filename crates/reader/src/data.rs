@@ -321,32 +321,37 @@ impl<S: Source> Image<S> {
         Ok((end > pos).then_some(end))
     }
 
-    /// If logical offset `pos` lies in data (anything that is not a hole of the file's
-    /// mapping: stored, inline, compressed or fragment bytes), the end of that data run
-    /// (consecutive data runs merged, up to [`MAX_HOLE_RUNS`] of them per call). With
-    /// [`Image::hole_end`] it lists a file's data and holes without reading any data,
-    /// e.g. for a tar sparse map.
-    pub fn data_end(&self, ctx: &mut ReadCtx, ino: &Inode, pos: u64) -> Result<Option<u64>> {
-        let mut end = pos;
-        for _ in 0..MAX_HOLE_RUNS {
-            if end >= ino.size {
-                break;
-            }
-            let next = if ino.layout.is_compressed() {
-                self.z_data_end(ctx, ino, end)?
-            } else {
-                let run = self.map_flat(ino, end)?;
-                match run.src {
-                    Src::Hole => None,
-                    _ => Some(run.start.saturating_add(run.len)),
-                }
-            };
-            match next {
-                Some(e) if e > end => end = e.min(ino.size),
-                _ => break,
-            }
+    /// The mapping run that holds logical offset `pos` (< size): its end (at most the
+    /// file size) and whether it is a hole. A run is one extent of a compressed file
+    /// (data decoded together), one chunk or block run of a flat or chunk-based one.
+    /// Lists a file's data and holes without reading data (e.g. for a tar sparse map),
+    /// and says where reads can be cut without decoding an extent twice.
+    pub fn run_end(&self, ctx: &mut ReadCtx, ino: &Inode, pos: u64) -> Result<(u64, bool)> {
+        if pos >= ino.size {
+            return Err(corrupt(
+                CorruptKind::BadLayout,
+                Some(ino.nid),
+                Some(pos),
+                Some(ino.size),
+                "mapping asked beyond the end of the file",
+            ));
         }
-        Ok((end > pos).then_some(end))
+        let (end, hole) = if ino.layout.is_compressed() {
+            self.z_run_end(ctx, ino, pos)?
+        } else {
+            let run = self.map_flat(ino, pos)?;
+            (run.start.saturating_add(run.len), run.src == Src::Hole)
+        };
+        if end <= pos {
+            return Err(corrupt(
+                CorruptKind::BadLayout,
+                Some(ino.nid),
+                Some(pos),
+                None,
+                "empty mapping",
+            ));
+        }
+        Ok((end.min(ino.size), hole))
     }
 
     /// Bytes a read of `len` at `offset` returns.

@@ -21,7 +21,7 @@
 //! | index lookahead (end of an extent) | [`MAX_EXTENT_BYTES`] of lclusters | `BadLcluster` |
 //! | decompressed size per extent (pcluster) | [`MAX_EXTENT_BYTES`] | `BadLcluster` |
 //! | stored size per pcluster | [`MAX_PCLUSTER_BYTES`] | `BadPcluster` |
-//! | holes (data runs) merged by one `hole_end` (`data_end`) | [`MAX_HOLE_RUNS`] mapping runs | stops there |
+//! | holes merged by one `hole_end` | [`MAX_HOLE_RUNS`] mapping runs | stops there |
 //! | extents listed by `extents` | [`MAX_EXTENTS_LISTED`] | stops there |
 //! | long xattr prefixes | [`MAX_XATTR_PREFIXES`], each 1..=256 bytes | `BadXattrPrefix` |
 //! | compression config record | 4096 bytes | `BadComprConfig` |

@@ -523,17 +523,17 @@ impl<S: Source> Image<S> {
         Ok(matches!(e.src, ZSrc::Hole).then_some(e.end))
     }
 
-    /// Whether logical offset `pos` of a compressed file lies in data (not a hole); the
-    /// end of that extent if so.
-    pub(crate) fn z_data_end(
+    /// The extent of a compressed file that holds `pos`: its end and whether it is a
+    /// hole.
+    pub(crate) fn z_run_end(
         &self,
         ctx: &mut ReadCtx,
         ino: &Inode,
         pos: u64,
-    ) -> Result<Option<u64>> {
+    ) -> Result<(u64, bool)> {
         let zi = self.ctx_zinfo(ctx, ino)?;
         let e = self.z_map(&mut ctx.meta, ino, &zi, pos)?;
-        Ok((!matches!(e.src, ZSrc::Hole)).then_some(e.end))
+        Ok((e.end, matches!(e.src, ZSrc::Hole)))
     }
 }
 

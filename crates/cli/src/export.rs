@@ -426,7 +426,11 @@ fn walk(
     let mut ctx = ReadCtx::new();
     let mut failed: Option<anyhow::Error> = None;
     let single = !top.is_dir();
+    // The last path visited, to say where a walk error struck.
+    let mut last: Vec<u8> = Vec::new();
     let r = img.walk_from(top, |rel, ino| {
+        last.clear();
+        last.extend_from_slice(rel);
         let path: Vec<u8> = if single {
             let name = top_path.trim_end_matches('/').rsplit('/').next();
             let mut p = b"./".to_vec();
@@ -453,7 +457,10 @@ fn walk(
     match r {
         Ok(()) => Ok(()),
         Err(e) if e.to_string().contains("export stopped") => Ok(()),
-        Err(e) => Err(anyhow::Error::new(e).context("walk the image")),
+        Err(e) => Err(anyhow::Error::new(e).context(format!(
+            "walk the image (after {})",
+            bytes_display(&last)
+        ))),
     }
 }
 

@@ -140,6 +140,44 @@ fn export_our_images_through_gnu_tar() {
     assert_eq!(m.nlink(), 3, "hardlink group not kept");
 }
 
+/// A damaged image: export fails with an error naming the file (or, for damaged
+/// metadata, what the walk met), leaves no output and no temporary file, and does not
+/// hang (the writer's, the workers' and the walker's errors all stop the others).
+#[test]
+fn export_of_a_damaged_image_fails_cleanly() {
+    let src = ferofs_testkit::scratch("export-damaged");
+    let d = src.path();
+    std::fs::create_dir(d.join("t")).expect("mkdir");
+    for i in 0..20u32 {
+        let text: String = (0..20_000).map(|k| format!("line {i} {k}\n")).collect();
+        std::fs::write(d.join(format!("t/f{i:02}.txt")), text).expect("write");
+    }
+    let img = d.join("a.erofs");
+    build(&d.join("t"), &img, &[]);
+    let st = json(&ok(&[&"stat", &"--json", &img, &"/f10.txt"]));
+    let phys = st["extents"][0]["physical"].as_u64().expect("physical address");
+    let mut bytes = std::fs::read(&img).expect("read image");
+    let at = usize::try_from(phys).expect("usize");
+    bytes[at..at + 4096].fill(0xff);
+    let bad = d.join("bad-data.erofs");
+    std::fs::write(&bad, &bytes).expect("write damaged image");
+    let bad_meta = d.join("bad-meta.erofs");
+    let len = std::fs::metadata(&img).expect("stat").len();
+    let cut = usize::try_from(len / 2).expect("usize");
+    std::fs::write(&bad_meta, &std::fs::read(&img).expect("read")[..cut]).expect("write");
+    for (image, want) in [(&bad, "/f10.txt: read at offset 0"), (&bad_meta, "error")] {
+        let out_dir = d.join("out");
+        std::fs::create_dir_all(&out_dir).expect("mkdir out");
+        let t = out_dir.join("x.tar.zst");
+        let out = run_ferofs(&[&"export", image, &"--tar", &t]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{}: export succeeded", image.display());
+        assert!(err.contains(want), "{}: {err}", image.display());
+        let left: Vec<_> = std::fs::read_dir(&out_dir).expect("ls").collect();
+        assert!(left.is_empty(), "{}: output left behind: {left:?}", image.display());
+    }
+}
+
 fn run_ferofs(args: &[&dyn AsRef<std::ffi::OsStr>]) -> std::process::Output {
     common::run(args)
 }

@@ -457,10 +457,8 @@ fn walk(
     match r {
         Ok(()) => Ok(()),
         Err(e) if e.to_string().contains("export stopped") => Ok(()),
-        Err(e) => Err(anyhow::Error::new(e).context(format!(
-            "walk the image (after {})",
-            bytes_display(&last)
-        ))),
+        Err(e) => Err(anyhow::Error::new(e)
+            .context(format!("walk the image (after {})", bytes_display(&last)))),
     }
 }
 

@@ -74,7 +74,7 @@ struct Node {
 }
 
 enum Tree {
-    Image(Image),
+    Image(Box<Image>),
     Dir(PathBuf),
 }
 
@@ -84,7 +84,7 @@ impl Tree {
         Ok(if m.is_dir() {
             Tree::Dir(p.to_path_buf())
         } else {
-            Tree::Image(open(p)?)
+            Tree::Image(Box::new(open(p)?))
         })
     }
 

@@ -62,7 +62,7 @@ pub struct ExportArgs {
 /// Largest piece of file data a worker reads at once.
 const SEGMENT: u64 = 2 << 20;
 /// Most file data read ahead of the writer.
-const BUDGET: u64 = 32 << 20;
+const BUDGET: u64 = 16 << 20;
 /// Most items (headers and segments) queued ahead of the writer.
 const QUEUE: usize = 4096;
 
@@ -142,13 +142,14 @@ impl Pool {
             .and_then(|mut v| v.pop())
             .unwrap_or_default()
     }
-    fn put(&self, mut b: Vec<u8>) {
+    fn put(&self, b: Vec<u8>) {
         if b.capacity() > 2 * SEGMENT as usize {
             return;
         }
         if let Ok(mut v) = self.0.lock() {
+            // Kept at its length: the next reader overwrites what it needs, so only
+            // growth is zero-filled.
             if v.len() < (BUDGET / SEGMENT) as usize {
-                b.clear();
                 v.push(b);
             }
         }
@@ -386,6 +387,7 @@ fn worker(img: &Image, jobs: &Mutex<Receiver<Job>>, pool: &Pool) {
 
 fn read_segment(img: &Image, ctx: &mut ReadCtx, job: &Job, mut buf: Vec<u8>) -> Result<Vec<u8>> {
     let len = usize::try_from(job.len)?;
+    // Every byte up to `len` is read below (or the segment fails).
     buf.resize(len, 0);
     let mut done = 0usize;
     // Bounded: each read returns at least one byte or fails.

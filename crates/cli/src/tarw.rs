@@ -440,6 +440,74 @@ mod tests {
         assert_eq!(acl_text(&b[..7]), None);
     }
 
+    fn base(path: &[u8], kind: Kind) -> Entry {
+        Entry {
+            path: path.to_vec(),
+            kind,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            mtime: 0,
+            mtime_nsec: 0,
+            size: 0,
+            link: vec![],
+            dev: (0, 0),
+            xattrs: vec![],
+            sparse: None,
+        }
+    }
+
+    fn records(out: &[u8]) -> String {
+        String::from_utf8_lossy(&out[BLOCK..]).into_owned()
+    }
+
+    #[test]
+    fn long_names_big_sizes_sparse() {
+        // A 150-byte path and link target go to PAX records.
+        let long = format!("./{}", "d/".repeat(74));
+        let mut e = base(long.as_bytes(), Kind::Symlink);
+        e.link = vec![b'x'; 150];
+        let mut out = Vec::new();
+        e.encode(&mut out);
+        let r = records(&out);
+        assert!(r.contains(&format!(" path={long}\n")), "{r}");
+        assert!(
+            r.contains(&format!(" linkpath={}\n", "x".repeat(150))),
+            "{r}"
+        );
+        // 8 GiB and more: a PAX size, 0 in the header.
+        let mut e = base(b"./big", Kind::File);
+        e.size = 1 << 34;
+        let mut out = Vec::new();
+        e.encode(&mut out);
+        assert!(records(&out).starts_with("20 size=17179869184\n"));
+        assert_eq!(&out[2 * BLOCK + 124..2 * BLOCK + 136], b"00000000000\0");
+        // Sparse 1.0: stand-in name, real name and size in records, map in the data.
+        let mut e = base(b"./dir/holes", Kind::File);
+        e.size = 1 << 20;
+        e.sparse = Some(vec![(4096, 10), (1 << 20, 0)]);
+        let mut out = Vec::new();
+        e.encode(&mut out);
+        let r = records(&out);
+        assert!(r.contains(" GNU.sparse.name=./dir/holes\n"), "{r}");
+        assert!(r.contains(" GNU.sparse.realsize=1048576\n"), "{r}");
+        let h = &out[2 * BLOCK..3 * BLOCK];
+        assert!(h.starts_with(b"./GNUSparseFile.0/holes\0"));
+        assert_eq!(
+            &out[3 * BLOCK..3 * BLOCK + 21],
+            b"2\n4096\n10\n1048576\n0\n\0"
+        );
+        assert_eq!(e.data_len(), BLOCK as u64 + 10);
+        assert_eq!(out.len(), 4 * BLOCK);
+    }
+
+    #[test]
+    fn trailer_fills_the_record() {
+        assert_eq!(trailer(0).len(), 10240);
+        assert_eq!(trailer(3 * 512).len(), 10240 - 3 * 512);
+        assert_eq!(trailer(19 * 512).len(), 10240 + 512);
+    }
+
     #[test]
     fn header_checksum_and_fields() {
         let e = Entry {

@@ -2,11 +2,14 @@
 //! into validated options for the builder/reader libraries, and errors are printed once.
 
 mod build;
+mod diff;
+mod export;
 mod extract;
 mod fmt;
 mod inspect;
 mod list;
 mod report;
+mod tarw;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -53,6 +56,11 @@ enum Cmd {
     },
     /// Extract the whole tree (or a subtree) with its metadata.
     Extract(extract::ExtractArgs),
+    /// Write the tree (or a subtree) as a PAX tar stream (plain, gzip or zstd).
+    Export(export::ExportArgs),
+    /// Compare two trees (images or directories): added, removed and changed paths.
+    /// Exit status 0 when equal, 1 when they differ, 2 on error.
+    Diff(diff::DiffArgs),
     /// Verify every structure of an image and read every byte of every file.
     Check {
         image: PathBuf,
@@ -68,8 +76,8 @@ enum Cmd {
     },
 }
 
-fn run(cli: Cli) -> Result<()> {
-    match cli.cmd {
+fn run(cmd: Cmd) -> Result<()> {
+    match cmd {
         Cmd::Build(a) => build::run(*a),
         Cmd::Ls {
             image,
@@ -80,14 +88,37 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Cat { image, path } => list::cat(&image, &path),
         Cmd::Stat { image, path, json } => list::stat(&image, &path, json),
         Cmd::Extract(a) => extract::run(a),
+        Cmd::Export(a) => export::run(a),
+        Cmd::Diff(_) => unreachable_diff(),
         Cmd::Check { image, verbose } => inspect::check(&image, verbose),
         Cmd::Inspect { image, json } => inspect::inspect(&image, json),
     }
 }
 
+/// `diff` is dispatched in `main` (it has exit statuses of its own).
+fn unreachable_diff() -> Result<()> {
+    anyhow::bail!("diff is run by main")
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli) {
+    if let Cmd::Diff(a) = cli.cmd {
+        // Like diff(1): 0 equal, 1 different, 2 trouble.
+        return match diff::run(a) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
+            Err(e) => {
+                if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                    if io.kind() == std::io::ErrorKind::BrokenPipe {
+                        return ExitCode::from(2);
+                    }
+                }
+                eprintln!("ferofs: error: {e:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    match run(cli.cmd) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // A closed pipe (`ferofs cat img f | head`) is not an error worth shouting about.

@@ -321,6 +321,39 @@ impl<S: Source> Image<S> {
         Ok((end > pos).then_some(end))
     }
 
+    /// The mapping run that holds logical offset `pos` (< size): its end (at most the
+    /// file size) and whether it is a hole. A run is one extent of a compressed file
+    /// (data decoded together), one chunk or block run of a flat or chunk-based one.
+    /// Lists a file's data and holes without reading data (e.g. for a tar sparse map),
+    /// and says where reads can be cut without decoding an extent twice.
+    pub fn run_end(&self, ctx: &mut ReadCtx, ino: &Inode, pos: u64) -> Result<(u64, bool)> {
+        if pos >= ino.size {
+            return Err(corrupt(
+                CorruptKind::BadLayout,
+                Some(ino.nid),
+                Some(pos),
+                Some(ino.size),
+                "mapping asked beyond the end of the file",
+            ));
+        }
+        let (end, hole) = if ino.layout.is_compressed() {
+            self.z_run_end(ctx, ino, pos)?
+        } else {
+            let run = self.map_flat(ino, pos)?;
+            (run.start.saturating_add(run.len), run.src == Src::Hole)
+        };
+        if end <= pos {
+            return Err(corrupt(
+                CorruptKind::BadLayout,
+                Some(ino.nid),
+                Some(pos),
+                None,
+                "empty mapping",
+            ));
+        }
+        Ok((end.min(ino.size), hole))
+    }
+
     /// Bytes a read of `len` at `offset` returns.
     fn clamp_read(ino: &Inode, offset: u64, len: usize) -> usize {
         if offset >= ino.size {

@@ -522,6 +522,19 @@ impl<S: Source> Image<S> {
         let e = self.z_map(&mut ctx.meta, ino, &zi, pos)?;
         Ok(matches!(e.src, ZSrc::Hole).then_some(e.end))
     }
+
+    /// The extent of a compressed file that holds `pos`: its end and whether it is a
+    /// hole.
+    pub(crate) fn z_run_end(
+        &self,
+        ctx: &mut ReadCtx,
+        ino: &Inode,
+        pos: u64,
+    ) -> Result<(u64, bool)> {
+        let zi = self.ctx_zinfo(ctx, ino)?;
+        let e = self.z_map(&mut ctx.meta, ino, &zi, pos)?;
+        Ok((e.end, matches!(e.src, ZSrc::Hole)))
+    }
 }
 
 /// `dst` from `src[from..]`; None when `src` is too short.

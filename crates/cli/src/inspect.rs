@@ -1,11 +1,10 @@
-//! `inspect` (superblock, features, counts) and `check` (read everything).
+//! `inspect` (superblock, features, counts). `check` lives in check.rs.
 
 use crate::fmt::*;
 use crate::list::open;
 use anyhow::Result;
 use ferofs_format::sb::*;
 use serde_json::json;
-use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 
@@ -169,54 +168,5 @@ pub fn inspect(image: &Path, json_out: bool) -> Result<()> {
         "Contents:          {} files ({} bytes, {} compressed), {} directories, {} symlinks, {} special, {} xattrs, {} extended inodes",
         c.files, c.bytes, c.compressed_files, c.dirs, c.symlinks, c.special, c.xattrs, c.extended_inodes
     )?;
-    Ok(())
-}
-
-pub fn check(image: &Path, verbose: bool) -> Result<()> {
-    let img = open(image)?;
-    let mut entries = 0u64;
-    let mut bytes = 0u64;
-    let mut refs: HashMap<u64, (u32, u64)> = HashMap::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut ctx = ferofs_reader::ReadCtx::new();
-    let mut err = std::io::stderr().lock();
-    img.walk(|path, ino| {
-        entries += 1;
-        if verbose {
-            let _ = writeln!(err, "{}", bytes_display(path));
-        }
-        img.xattrs(ino)?;
-        if ino.is_symlink() {
-            img.read_link(ino)?;
-        } else if ino.is_dir() {
-            img.read_dir(ino)?;
-        } else if ino.is_regular() {
-            let mut off = 0u64;
-            while off < ino.size {
-                let n = img.read_at_with(&mut ctx, ino, off, &mut buf)?;
-                if n == 0 {
-                    return Err(ferofs_reader::Error::short_read(ino.nid, off, ino.size));
-                }
-                off += n as u64;
-            }
-            bytes += ino.size;
-            let e = refs.entry(ino.nid).or_insert((ino.nlink, 0));
-            e.1 += 1;
-        }
-        Ok(())
-    })?;
-    let mut warnings = 0;
-    for (nid, (nlink, seen)) in &refs {
-        if u64::from(*nlink) != *seen {
-            warnings += 1;
-            if warnings <= 20 {
-                let _ = writeln!(
-                    err,
-                    "warning: nid {nid}: nlink {nlink} but {seen} directory entries"
-                );
-            }
-        }
-    }
-    println!("ok: {entries} entries, {bytes} bytes of file data read, {warnings} warnings");
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! into validated options for the builder/reader libraries, and errors are printed once.
 
 mod build;
+mod check;
 mod diff;
 mod export;
 mod extract;
@@ -61,13 +62,10 @@ enum Cmd {
     /// Compare two trees (images or directories): added, removed and changed paths.
     /// Exit status 0 when equal, 1 when they differ, 2 on error.
     Diff(diff::DiffArgs),
-    /// Verify every structure of an image and read every byte of every file.
-    Check {
-        image: PathBuf,
-        /// Print every path as it is checked.
-        #[arg(short, long)]
-        verbose: bool,
-    },
+    /// Verify every structure of an image, read every byte of every file and report
+    /// every problem. Exit status 0 when clean, 1 when problems were found, 2 when the
+    /// image cannot be opened.
+    Check(check::CheckArgs),
     /// Show the superblock, features, counts and sizes.
     Inspect {
         image: PathBuf,
@@ -90,14 +88,14 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::Extract(a) => extract::run(a),
         Cmd::Export(a) => export::run(a),
         Cmd::Diff(_) => unreachable_diff(),
-        Cmd::Check { image, verbose } => inspect::check(&image, verbose),
+        Cmd::Check(_) => unreachable_diff(),
         Cmd::Inspect { image, json } => inspect::inspect(&image, json),
     }
 }
 
-/// `diff` is dispatched in `main` (it has exit statuses of its own).
+/// `diff` and `check` are dispatched in `main` (they have exit statuses of their own).
 fn unreachable_diff() -> Result<()> {
-    anyhow::bail!("diff is run by main")
+    anyhow::bail!("diff and check are run by main")
 }
 
 fn main() -> ExitCode {
@@ -113,6 +111,17 @@ fn main() -> ExitCode {
                         return ExitCode::from(2);
                     }
                 }
+                eprintln!("ferofs: error: {e:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    if let Cmd::Check(a) = cli.cmd {
+        // 0 clean, 1 problems found, 2 cannot open (or cannot write the report).
+        return match check::run(a) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
+            Err(e) => {
                 eprintln!("ferofs: error: {e:#}");
                 ExitCode::from(2)
             }

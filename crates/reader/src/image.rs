@@ -89,6 +89,16 @@ impl Image<File> {
 impl<S: Source> Image<S> {
     /// Read and validate the superblock.
     pub fn new(src: S) -> Result<Self> {
+        Self::new_with(src, true)
+    }
+
+    /// Like [`Image::new`], but a superblock checksum mismatch is not an error (for
+    /// `check`, which reports it and goes on verifying the rest of the image).
+    pub fn new_ignoring_checksum(src: S) -> Result<Self> {
+        Self::new_with(src, false)
+    }
+
+    fn new_with(src: S, verify_checksum: bool) -> Result<Self> {
         let len = src.size().map_err(|e| Error::Io {
             offset: 0,
             source: e,
@@ -139,7 +149,7 @@ impl<S: Source> Image<S> {
             let mut region = vec![0u8; n as usize];
             read_src(&src, &mut region, SB_OFFSET)?;
             let got = compute_checksum(&region);
-            if got != sb.checksum {
+            if verify_checksum && got != sb.checksum {
                 return Err(corrupt(
                     CorruptKind::BadChecksum,
                     None,

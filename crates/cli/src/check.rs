@@ -1,0 +1,708 @@
+//! `check`: verify every structure of an image, read every byte, and report every
+//! problem found (not just the first), each with the path(s) it affects.
+//!
+//! Two phases. The walk (one thread) reads every directory block by block and checks
+//! names, nids, `.`/`..`, file types, directory cycles and nlink; a bad directory block
+//! or entry is reported and the walk goes on with the next one (what hangs below a lost
+//! entry is reported as unreachable). Then every inode found is checked in parallel:
+//! xattrs, the data mapping (compressed index included), every byte read (every
+//! pcluster decompressed to its length), nothing past the end of the image. Last, the
+//! byte ranges of all inodes are sorted and swept for overlaps between different
+//! inodes (identical ranges are allowed sharing: whole-file and pcluster dedupe).
+
+use crate::fmt::bytes_display;
+use anyhow::Result;
+use clap::Args;
+use ferofs_format::dirent::{file_type_of_mode, FT_DIR};
+use ferofs_format::sb::INCOMPAT_FRAGMENTS;
+use ferofs_reader::{CorruptKind, Error, Image, Inode, ReadCtx};
+use rayon::prelude::*;
+use serde_json::{json, Value};
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::path::PathBuf;
+
+/// Most problems kept; past this the check stops early and says so.
+pub const MAX_PROBLEMS: usize = 100_000;
+
+#[derive(Args)]
+pub struct CheckArgs {
+    pub image: PathBuf,
+    /// Print every path as it is checked (to standard error).
+    #[arg(short, long)]
+    pub verbose: bool,
+    /// Print one JSON document: the problems and a summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One problem found.
+#[derive(Debug, Clone)]
+pub struct Problem {
+    /// Every path known to lead to the inode (several for hard links); may be empty
+    /// for structures no path reaches (the superblock).
+    pub paths: Vec<String>,
+    pub kind: String,
+    pub what: String,
+    pub nid: Option<u64>,
+    pub offset: Option<u64>,
+    pub value: Option<u64>,
+    pub expected: Option<u64>,
+}
+
+impl Problem {
+    fn new(path: &str, kind: &str, what: impl Into<String>) -> Self {
+        Problem {
+            paths: if path.is_empty() {
+                vec![]
+            } else {
+                vec![path.to_string()]
+            },
+            kind: kind.to_string(),
+            what: what.into(),
+            nid: None,
+            offset: None,
+            value: None,
+            expected: None,
+        }
+    }
+    fn nid(mut self, n: u64) -> Self {
+        self.nid = Some(n);
+        self
+    }
+    fn value(mut self, v: u64) -> Self {
+        self.value = Some(v);
+        self
+    }
+    fn expected(mut self, v: u64) -> Self {
+        self.expected = Some(v);
+        self
+    }
+    fn offset(mut self, v: u64) -> Self {
+        self.offset = Some(v);
+        self
+    }
+
+    /// From a reader error; `nid` fills in when the error names none.
+    fn from_error(paths: &[String], nid: u64, e: &Error, context: &str) -> Self {
+        let mut p = match e {
+            Error::Corrupt(c) => Problem {
+                paths: paths.to_vec(),
+                kind: format!("{:?}", c.kind),
+                what: if c.detail.is_empty() {
+                    context.to_string()
+                } else {
+                    format!("{context}: {}", c.detail)
+                },
+                nid: c.nid,
+                offset: c.offset,
+                value: c.value,
+                expected: None,
+            },
+            Error::Io { offset, source } => Problem {
+                paths: paths.to_vec(),
+                kind: "Io".into(),
+                what: format!("{context}: {source}"),
+                nid: None,
+                offset: Some(*offset),
+                value: None,
+                expected: None,
+            },
+            Error::Unsupported { what, nid } => Problem {
+                paths: paths.to_vec(),
+                kind: "Unsupported".into(),
+                what: format!("{context}: unsupported: {what}"),
+                nid: *nid,
+                offset: None,
+                value: None,
+                expected: None,
+            },
+            other => Problem {
+                paths: paths.to_vec(),
+                kind: "Other".into(),
+                what: format!("{context}: {other}"),
+                nid: None,
+                offset: None,
+                value: None,
+                expected: None,
+            },
+        };
+        if p.nid.is_none() {
+            p.nid = Some(nid);
+        }
+        p
+    }
+
+    pub fn line(&self) -> String {
+        let mut s = match self.paths.split_first() {
+            None => "(image)".to_string(),
+            Some((first, rest)) if rest.is_empty() => first.clone(),
+            Some((first, rest)) => format!("{first} (also {})", rest.join(", ")),
+        };
+        s.push_str(": ");
+        s.push_str(&self.what);
+        let mut parts = Vec::new();
+        if let Some(n) = self.nid {
+            parts.push(format!("nid {n}"));
+        }
+        if let Some(o) = self.offset {
+            parts.push(format!("offset {o}"));
+        }
+        if let Some(v) = self.value {
+            parts.push(format!("value {v}"));
+        }
+        if let Some(v) = self.expected {
+            parts.push(format!("expected {v}"));
+        }
+        if !parts.is_empty() {
+            s.push_str(&format!(" ({})", parts.join(", ")));
+        }
+        s
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "paths": self.paths,
+            "kind": self.kind,
+            "message": self.what,
+            "nid": self.nid,
+            "offset": self.offset,
+            "value": self.value,
+            "expected": self.expected,
+        })
+    }
+}
+
+/// What the check covered.
+#[derive(Debug, Default, Clone)]
+pub struct Summary {
+    pub entries: u64,
+    pub directories: u64,
+    pub inodes: u64,
+    pub bytes_read: u64,
+    pub ranges: u64,
+    pub truncated: bool,
+}
+
+/// An inode found by the walk, with every path that names it.
+struct Found {
+    ino: Inode,
+    paths: Vec<String>,
+}
+
+/// Result of a whole check.
+pub struct Report {
+    pub problems: Vec<Problem>,
+    pub summary: Summary,
+}
+
+fn join(dir: &str, name: &[u8]) -> String {
+    let n = bytes_display(name);
+    if dir == "/" {
+        format!("/{n}")
+    } else {
+        format!("{dir}/{n}")
+    }
+}
+
+/// Open for checking: a bad superblock checksum is a problem, not the end.
+pub fn open_for_check(path: &std::path::Path) -> Result<(Image, Vec<Problem>), Error> {
+    match Image::open(path) {
+        Ok(img) => Ok((img, vec![])),
+        Err(e) if e.corrupt_kind() == Some(CorruptKind::BadChecksum) => {
+            let f = std::fs::File::open(path).map_err(|source| Error::Io { offset: 0, source })?;
+            let img = Image::new_ignoring_checksum(f)?;
+            let mut p = Problem::from_error(&[], 0, &e, "superblock");
+            p.nid = None;
+            p.paths = vec!["(superblock)".into()];
+            // The checksum the superblock should hold.
+            let n = ferofs_format::sb::checksum_len(img.block_size());
+            let mut region = vec![0u8; n];
+            if let Ok(mut f) = std::fs::File::open(path) {
+                use std::io::{Read, Seek, SeekFrom};
+                if f.seek(SeekFrom::Start(ferofs_format::sb::SB_OFFSET)).is_ok()
+                    && f.read_exact(&mut region).is_ok()
+                {
+                    p.expected = Some(u64::from(ferofs_format::sb::compute_checksum(&region)));
+                }
+            }
+            Ok((img, vec![p]))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Check a whole image. `verbose` prints each path to stderr as it is walked.
+pub fn check_image(img: &Image, image_len: u64, verbose: bool) -> Report {
+    let mut problems: Vec<Problem> = Vec::new();
+    let mut summary = Summary::default();
+    let bs = u64::from(img.block_size());
+    let root_nid = img.root_nid();
+
+    // ---- Phase 1: the walk.
+    let mut found: HashMap<u64, Found> = HashMap::new();
+    let mut dirs_seen: HashSet<u64> = HashSet::new();
+    // Names found per non-directory nid (for nlink).
+    let root = match img.inode(root_nid) {
+        Ok(r) => r,
+        Err(e) => {
+            problems.push(Problem::from_error(
+                &["/".into()],
+                root_nid,
+                &e,
+                "root inode unreadable; the whole tree is unreachable",
+            ));
+            return Report { problems, summary };
+        }
+    };
+    if !root.is_dir() {
+        problems.push(
+            Problem::new("/", "NotADirectory", "root is not a directory")
+                .nid(root_nid)
+                .value(u64::from(root.mode)),
+        );
+        return Report { problems, summary };
+    }
+    dirs_seen.insert(root_nid);
+    // (directory inode, its path, parent nid, depth)
+    let mut stack: Vec<(Inode, String, u64, usize)> =
+        vec![(root.clone(), "/".to_string(), root_nid, 0)];
+    found.insert(
+        root_nid,
+        Found {
+            ino: root,
+            paths: vec!["/".into()],
+        },
+    );
+    let mut buf = vec![0u8; bs as usize];
+    // Bounded: each directory is pushed at most once (dirs_seen), and each has a
+    // finite number of blocks, read until the first unreadable one.
+    while let Some((dir, dpath, parent, depth)) = stack.pop() {
+        if problems.len() >= MAX_PROBLEMS {
+            summary.truncated = true;
+            break;
+        }
+        summary.directories += 1;
+        if verbose {
+            eprintln!("{dpath}");
+        }
+        let nblocks = dir.size.div_ceil(bs);
+        let mut prev: Option<Vec<u8>> = None;
+        let mut complete = true;
+        let mut subdirs = 0u64;
+        let mut saw_dot = false;
+        let mut saw_dotdot = false;
+        for b in 0..nblocks {
+            let start = b * bs;
+            let len = (dir.size - start).min(bs) as usize;
+            let blk = &mut buf[..len];
+            let ents = match img.read_at(&dir, start, blk) {
+                Ok(n) if n == len => {
+                    ferofs_reader::dir::parse_dir_block(blk, dir.nid, start)
+                }
+                Ok(n) => Err(Error::short_read(dir.nid, start + n as u64, dir.size)),
+                Err(e) => {
+                    problems.push(Problem::from_error(
+                        &[dpath.clone()],
+                        dir.nid,
+                        &e,
+                        &format!(
+                            "directory block {b} unreadable; it and the rest of the directory ({} of {nblocks} blocks) and their subtrees are unreachable",
+                            nblocks - b
+                        ),
+                    ));
+                    complete = false;
+                    break;
+                }
+            };
+            let ents = match ents {
+                Ok(v) => v,
+                Err(e) => {
+                    problems.push(Problem::from_error(
+                        &[dpath.clone()],
+                        dir.nid,
+                        &e,
+                        &format!("directory block {b} is corrupt; its entries and their subtrees are unreachable"),
+                    ));
+                    complete = false;
+                    continue;
+                }
+            };
+            for e in ents {
+                summary.entries += 1;
+                let cpath = join(&dpath, &e.name);
+                if let Some(p) = &prev {
+                    if p.as_slice() >= e.name.as_slice() {
+                        problems.push(
+                            Problem::new(
+                                &cpath,
+                                "UnsortedDirectory",
+                                format!(
+                                    "name not after the previous one \"{}\" in its directory",
+                                    bytes_display(p)
+                                ),
+                            )
+                            .nid(dir.nid)
+                            .offset(start),
+                        );
+                    }
+                }
+                prev = Some(e.name.clone());
+                if e.name == b"." {
+                    saw_dot = true;
+                    if e.nid != dir.nid {
+                        problems.push(
+                            Problem::new(&dpath, "BadDot", "\".\" does not point at the directory")
+                                .nid(dir.nid)
+                                .offset(start)
+                                .value(e.nid)
+                                .expected(dir.nid),
+                        );
+                    }
+                    continue;
+                }
+                if e.name == b".." {
+                    saw_dotdot = true;
+                    if e.nid != parent {
+                        problems.push(
+                            Problem::new(&dpath, "BadDotDot", "\"..\" does not point at the parent")
+                                .nid(dir.nid)
+                                .offset(start)
+                                .value(e.nid)
+                                .expected(parent),
+                        );
+                    }
+                    continue;
+                }
+                if verbose {
+                    eprintln!("{cpath}");
+                }
+                let child = match img.inode(e.nid) {
+                    Ok(c) => c,
+                    Err(err) => {
+                        let what = if e.file_type == FT_DIR {
+                            "entry's inode unreadable; its subtree is unreachable"
+                        } else {
+                            "entry's inode unreadable"
+                        };
+                        let mut p = Problem::from_error(&[cpath], e.nid, &err, what);
+                        p.nid = Some(e.nid);
+                        problems.push(p);
+                        continue;
+                    }
+                };
+                let ft = file_type_of_mode(child.mode);
+                if e.file_type != ft {
+                    problems.push(
+                        Problem::new(
+                            &cpath,
+                            "FileTypeMismatch",
+                            "directory entry's file type differs from the inode's",
+                        )
+                        .nid(child.nid)
+                        .offset(start)
+                        .value(u64::from(e.file_type))
+                        .expected(u64::from(ft)),
+                    );
+                }
+                if child.is_dir() {
+                    subdirs += 1;
+                    if !dirs_seen.insert(child.nid) {
+                        let first = found
+                            .get(&child.nid)
+                            .and_then(|f| f.paths.first().cloned())
+                            .unwrap_or_default();
+                        problems.push(
+                            Problem::new(
+                                &cpath,
+                                "DirectoryLoop",
+                                format!("directory reached twice (a cycle or a hard-linked directory; first seen at {first})"),
+                            )
+                            .nid(child.nid)
+                            .value(dir.nid),
+                        );
+                        continue;
+                    }
+                    if depth + 1 > ferofs_reader::dir::MAX_DEPTH {
+                        problems.push(
+                            Problem::new(&cpath, "TooDeep", "directory tree too deep; subtree not checked")
+                                .nid(child.nid)
+                                .value((depth + 1) as u64),
+                        );
+                        continue;
+                    }
+                    found.insert(
+                        child.nid,
+                        Found {
+                            ino: child.clone(),
+                            paths: vec![cpath.clone()],
+                        },
+                    );
+                    stack.push((child, cpath, dir.nid, depth + 1));
+                } else {
+                    found
+                        .entry(child.nid)
+                        .or_insert_with(|| Found {
+                            ino: child,
+                            paths: vec![],
+                        })
+                        .paths
+                        .push(cpath);
+                }
+            }
+        }
+        if complete {
+            if !saw_dot && !dir.dot_omitted {
+                problems.push(Problem::new(&dpath, "BadDot", "directory has no \".\" entry").nid(dir.nid));
+            }
+            if !saw_dotdot {
+                problems.push(
+                    Problem::new(&dpath, "BadDotDot", "directory has no \"..\" entry")
+                        .nid(dir.nid)
+                        .expected(parent),
+                );
+            }
+            let want = subdirs.saturating_add(2);
+            if u64::from(dir.nlink) != want {
+                problems.push(
+                    Problem::new(&dpath, "BadNlink", "directory nlink is not 2 + its subdirectories")
+                        .nid(dir.nid)
+                        .value(u64::from(dir.nlink))
+                        .expected(want),
+                );
+            }
+        }
+    }
+    // nlink of everything else: the names found.
+    for f in found.values() {
+        if !f.ino.is_dir() && u64::from(f.ino.nlink) != f.paths.len() as u64 {
+            problems.push(Problem {
+                paths: f.paths.clone(),
+                kind: "BadNlink".into(),
+                what: "nlink differs from the number of names found".into(),
+                nid: Some(f.ino.nid),
+                offset: None,
+                value: Some(u64::from(f.ino.nlink)),
+                expected: Some(f.paths.len() as u64),
+            });
+        }
+    }
+    // The packed inode (fragments) holds data too.
+    let sb = img.superblock();
+    if sb.has_incompat(INCOMPAT_FRAGMENTS) && sb.packed_nid != 0 {
+        match img.inode(sb.packed_nid) {
+            Ok(ino) => {
+                found.entry(ino.nid).or_insert(Found {
+                    ino,
+                    paths: vec!["(packed inode)".into()],
+                });
+            }
+            Err(e) => problems.push(Problem::from_error(
+                &["(packed inode)".into()],
+                sb.packed_nid,
+                &e,
+                "packed inode unreadable",
+            )),
+        }
+    }
+
+    // ---- Phase 2: every inode, in parallel.
+    let mut items: Vec<Found> = found.into_values().collect();
+    items.sort_by_key(|f| f.ino.nid);
+    summary.inodes = items.len() as u64;
+    let results: Vec<(Vec<Problem>, Vec<(u64, u64, u64)>, u64)> = items
+        .par_iter()
+        .map_init(
+            || (vec![0u8; 1 << 20], ReadCtx::new()),
+            |(buf, ctx), f| check_inode(img, image_len, f, buf, ctx),
+        )
+        .collect();
+    let mut ranges: Vec<(u64, u64, u64)> = Vec::new();
+    for (p, r, n) in results {
+        problems.extend(p);
+        ranges.extend(r);
+        summary.bytes_read += n;
+    }
+
+    // ---- Phase 3: no two inodes claim the same bytes (unless identical ranges).
+    summary.ranges = ranges.len() as u64;
+    if img.superblock().extra_devices == 0 {
+        problems.extend(overlaps(ranges, &items));
+    }
+    if problems.len() > MAX_PROBLEMS {
+        problems.truncate(MAX_PROBLEMS);
+        summary.truncated = true;
+    }
+    Report { problems, summary }
+}
+
+/// xattrs, mapping, every byte, past-the-end. Returns problems, byte ranges
+/// (start, end, nid) and bytes read.
+fn check_inode(
+    img: &Image,
+    image_len: u64,
+    f: &Found,
+    buf: &mut [u8],
+    ctx: &mut ReadCtx,
+) -> (Vec<Problem>, Vec<(u64, u64, u64)>, u64) {
+    let ino = &f.ino;
+    let mut probs = Vec::new();
+    let mut ranges = Vec::new();
+    if let Err(e) = img.xattrs(ino) {
+        probs.push(Problem::from_error(&f.paths, ino.nid, &e, "xattrs unreadable"));
+    }
+    match img.extents(ino) {
+        Ok(ext) => {
+            for x in ext {
+                let Some(p) = x.physical else { continue };
+                if x.stored == 0 {
+                    continue;
+                }
+                match p.checked_add(x.stored) {
+                    Some(end) if end <= image_len => ranges.push((p, end, ino.nid)),
+                    _ => probs.push(
+                        Problem {
+                            paths: f.paths.clone(),
+                            kind: "PastEnd".into(),
+                            what: format!(
+                                "data at logical {} points past the end of the image",
+                                x.logical
+                            ),
+                            nid: Some(ino.nid),
+                            offset: Some(p),
+                            value: Some(x.stored),
+                            expected: None,
+                        }
+                        .expected(image_len),
+                    ),
+                }
+            }
+        }
+        Err(e) => probs.push(Problem::from_error(
+            &f.paths,
+            ino.nid,
+            &e,
+            "data mapping (block map / compressed index) is corrupt",
+        )),
+    }
+    let mut read = 0u64;
+    if ino.is_symlink() {
+        match img.read_link(ino) {
+            Ok(t) => read = t.len() as u64,
+            Err(e) => probs.push(Problem::from_error(&f.paths, ino.nid, &e, "symlink target unreadable")),
+        }
+    } else if ino.is_regular() {
+        // Bounded: every turn advances by n > 0 bytes up to the size.
+        while read < ino.size {
+            match img.read_at_with(ctx, ino, read, buf) {
+                Ok(0) => {
+                    let e = Error::short_read(ino.nid, read, ino.size);
+                    probs.push(Problem::from_error(&f.paths, ino.nid, &e, "file data unreadable"));
+                    break;
+                }
+                Ok(n) => read += n as u64,
+                Err(e) => {
+                    probs.push(Problem::from_error(
+                        &f.paths,
+                        ino.nid,
+                        &e,
+                        &format!("file data unreadable from byte {read}"),
+                    ));
+                    break;
+                }
+            }
+        }
+    }
+    (probs, ranges, read)
+}
+
+/// Partial overlaps between byte ranges of different inodes. Identical ranges are
+/// sharing (dedupe) and allowed; overlaps within one inode too.
+/// Memory: the ranges vector only (24 bytes a range), sorted in place.
+fn overlaps(mut ranges: Vec<(u64, u64, u64)>, items: &[Found]) -> Vec<Problem> {
+    ranges.sort_unstable();
+    ranges.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
+    let paths_of = |nid: u64| -> Vec<String> {
+        items
+            .binary_search_by_key(&nid, |f| f.ino.nid)
+            .ok()
+            .and_then(|i| items.get(i))
+            .map(|f| f.paths.clone())
+            .unwrap_or_default()
+    };
+    let mut out = Vec::new();
+    // The range reaching furthest so far: (end, start, nid).
+    let mut reach: Option<(u64, u64, u64)> = None;
+    for &(s, e, nid) in &ranges {
+        if let Some((rend, rstart, rnid)) = reach {
+            if s < rend && rnid != nid && out.len() < MAX_PROBLEMS {
+                let p = Problem {
+                    paths: paths_of(nid),
+                    kind: "BlockOverlap".into(),
+                    what: format!(
+                        "data bytes {s}..{e} overlap bytes {rstart}..{rend} of nid {rnid} ({})",
+                        paths_of(rnid).join(", ")
+                    ),
+                    nid: Some(nid),
+                    offset: Some(s),
+                    value: Some(e - s),
+                    expected: None,
+                };
+                out.push(p);
+            }
+            if e > rend {
+                reach = Some((e, s, nid));
+            }
+        } else {
+            reach = Some((e, s, nid));
+        }
+    }
+    out
+}
+
+/// `ferofs check`: Ok(true) when clean, Ok(false) when problems were found, Err when
+/// the image cannot be opened at all.
+pub fn run(a: CheckArgs) -> Result<bool> {
+    let (img, mut problems) = open_for_check(&a.image).map_err(|e| {
+        anyhow::anyhow!("cannot open image {}: {e}", a.image.display())
+    })?;
+    let image_len = std::fs::metadata(&a.image)?.len();
+    let rep = check_image(&img, image_len, a.verbose);
+    problems.extend(rep.problems);
+    let s = rep.summary;
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        let v = json!({
+            "image": a.image.display().to_string(),
+            "clean": problems.is_empty(),
+            "problems": problems.iter().map(Problem::to_json).collect::<Vec<_>>(),
+            "summary": {
+                "problems": problems.len(),
+                "truncated": s.truncated,
+                "directories": s.directories,
+                "entries": s.entries,
+                "inodes": s.inodes,
+                "bytes_read": s.bytes_read,
+                "data_ranges": s.ranges,
+            },
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+    } else {
+        for p in &problems {
+            writeln!(out, "{}", p.line())?;
+        }
+        writeln!(
+            out,
+            "{}: {} problem{}{}; {} directories, {} entries, {} inodes, {} bytes of data read",
+            if problems.is_empty() { "clean" } else { "CORRUPT" },
+            problems.len(),
+            if problems.len() == 1 { "" } else { "s" },
+            if s.truncated { " (stopped early: too many)" } else { "" },
+            s.directories,
+            s.entries,
+            s.inodes,
+            s.bytes_read
+        )?;
+    }
+    Ok(problems.is_empty())
+}

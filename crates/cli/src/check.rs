@@ -220,7 +220,8 @@ pub fn open_for_check(path: &std::path::Path) -> Result<(Image, Vec<Problem>), E
             let mut region = vec![0u8; n];
             if let Ok(mut f) = std::fs::File::open(path) {
                 use std::io::{Read, Seek, SeekFrom};
-                if f.seek(SeekFrom::Start(ferofs_format::sb::SB_OFFSET)).is_ok()
+                if f.seek(SeekFrom::Start(ferofs_format::sb::SB_OFFSET))
+                    .is_ok()
                     && f.read_exact(&mut region).is_ok()
                 {
                     p.expected = Some(u64::from(ferofs_format::sb::compute_checksum(&region)));
@@ -297,9 +298,7 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool) -> Report {
             let len = (dir.size - start).min(bs) as usize;
             let blk = &mut buf[..len];
             let ents = match img.read_at(&dir, start, blk) {
-                Ok(n) if n == len => {
-                    ferofs_reader::dir::parse_dir_block(blk, dir.nid, start)
-                }
+                Ok(n) if n == len => ferofs_reader::dir::parse_dir_block(blk, dir.nid, start),
                 Ok(n) => Err(Error::short_read(dir.nid, start + n as u64, dir.size)),
                 Err(e) => {
                     problems.push(Problem::from_error(
@@ -365,11 +364,15 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool) -> Report {
                     saw_dotdot = true;
                     if e.nid != parent {
                         problems.push(
-                            Problem::new(&dpath, "BadDotDot", "\"..\" does not point at the parent")
-                                .nid(dir.nid)
-                                .offset(start)
-                                .value(e.nid)
-                                .expected(parent),
+                            Problem::new(
+                                &dpath,
+                                "BadDotDot",
+                                "\"..\" does not point at the parent",
+                            )
+                            .nid(dir.nid)
+                            .offset(start)
+                            .value(e.nid)
+                            .expected(parent),
                         );
                     }
                     continue;
@@ -425,9 +428,13 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool) -> Report {
                     }
                     if depth + 1 > ferofs_reader::dir::MAX_DEPTH {
                         problems.push(
-                            Problem::new(&cpath, "TooDeep", "directory tree too deep; subtree not checked")
-                                .nid(child.nid)
-                                .value((depth + 1) as u64),
+                            Problem::new(
+                                &cpath,
+                                "TooDeep",
+                                "directory tree too deep; subtree not checked",
+                            )
+                            .nid(child.nid)
+                            .value((depth + 1) as u64),
                         );
                         continue;
                     }
@@ -453,7 +460,9 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool) -> Report {
         }
         if complete {
             if !saw_dot && !dir.dot_omitted {
-                problems.push(Problem::new(&dpath, "BadDot", "directory has no \".\" entry").nid(dir.nid));
+                problems.push(
+                    Problem::new(&dpath, "BadDot", "directory has no \".\" entry").nid(dir.nid),
+                );
             }
             if !saw_dotdot {
                 problems.push(
@@ -465,10 +474,14 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool) -> Report {
             let want = subdirs.saturating_add(2);
             if u64::from(dir.nlink) != want {
                 problems.push(
-                    Problem::new(&dpath, "BadNlink", "directory nlink is not 2 + its subdirectories")
-                        .nid(dir.nid)
-                        .value(u64::from(dir.nlink))
-                        .expected(want),
+                    Problem::new(
+                        &dpath,
+                        "BadNlink",
+                        "directory nlink is not 2 + its subdirectories",
+                    )
+                    .nid(dir.nid)
+                    .value(u64::from(dir.nlink))
+                    .expected(want),
                 );
             }
         }
@@ -549,7 +562,12 @@ fn check_inode(
     let mut probs = Vec::new();
     let mut ranges = Vec::new();
     if let Err(e) = img.xattrs(ino) {
-        probs.push(Problem::from_error(&f.paths, ino.nid, &e, "xattrs unreadable"));
+        probs.push(Problem::from_error(
+            &f.paths,
+            ino.nid,
+            &e,
+            "xattrs unreadable",
+        ));
     }
     match img.extents(ino) {
         Ok(ext) => {
@@ -589,7 +607,12 @@ fn check_inode(
     if ino.is_symlink() {
         match img.read_link(ino) {
             Ok(t) => read = t.len() as u64,
-            Err(e) => probs.push(Problem::from_error(&f.paths, ino.nid, &e, "symlink target unreadable")),
+            Err(e) => probs.push(Problem::from_error(
+                &f.paths,
+                ino.nid,
+                &e,
+                "symlink target unreadable",
+            )),
         }
     } else if ino.is_regular() {
         // Bounded: every turn advances by n > 0 bytes up to the size.
@@ -597,7 +620,12 @@ fn check_inode(
             match img.read_at_with(ctx, ino, read, buf) {
                 Ok(0) => {
                     let e = Error::short_read(ino.nid, read, ino.size);
-                    probs.push(Problem::from_error(&f.paths, ino.nid, &e, "file data unreadable"));
+                    probs.push(Problem::from_error(
+                        &f.paths,
+                        ino.nid,
+                        &e,
+                        "file data unreadable",
+                    ));
                     break;
                 }
                 Ok(n) => read += n as u64,
@@ -663,9 +691,8 @@ fn overlaps(mut ranges: Vec<(u64, u64, u64)>, items: &[Found]) -> Vec<Problem> {
 /// `ferofs check`: Ok(true) when clean, Ok(false) when problems were found, Err when
 /// the image cannot be opened at all.
 pub fn run(a: CheckArgs) -> Result<bool> {
-    let (img, mut problems) = open_for_check(&a.image).map_err(|e| {
-        anyhow::anyhow!("cannot open image {}: {e}", a.image.display())
-    })?;
+    let (img, mut problems) = open_for_check(&a.image)
+        .map_err(|e| anyhow::anyhow!("cannot open image {}: {e}", a.image.display()))?;
     let image_len = std::fs::metadata(&a.image)?.len();
     let rep = check_image(&img, image_len, a.verbose);
     problems.extend(rep.problems);
@@ -694,10 +721,18 @@ pub fn run(a: CheckArgs) -> Result<bool> {
         writeln!(
             out,
             "{}: {} problem{}{}; {} directories, {} entries, {} inodes, {} bytes of data read",
-            if problems.is_empty() { "clean" } else { "CORRUPT" },
+            if problems.is_empty() {
+                "clean"
+            } else {
+                "CORRUPT"
+            },
             problems.len(),
             if problems.len() == 1 { "" } else { "s" },
-            if s.truncated { " (stopped early: too many)" } else { "" },
+            if s.truncated {
+                " (stopped early: too many)"
+            } else {
+                ""
+            },
             s.directories,
             s.entries,
             s.inodes,

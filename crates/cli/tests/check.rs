@@ -1,0 +1,281 @@
+//! `ferofs check`: hand-corrupted images (built by our builder from a small tree, then
+//! bytes patched at known places) must be reported with path and nid, all at once when
+//! several are combined; clean images (ours and every golden image) report nothing.
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// A small tree with every structure the corruptions below need.
+fn small_tree(dir: &Path) {
+    fs::create_dir_all(dir.join("alpha/sub")).expect("mkdir");
+    fs::create_dir_all(dir.join("beta")).expect("mkdir");
+    fs::create_dir_all(dir.join("gamma")).expect("mkdir");
+    fs::write(dir.join("alpha/m1"), b"one\n").expect("write");
+    fs::write(dir.join("alpha/m2"), b"two\n").expect("write");
+    fs::write(dir.join("alpha/sub/deep"), b"deep\n").expect("write");
+    fs::write(dir.join("beta/p1"), b"p1 data\n").expect("write");
+    fs::write(dir.join("beta/p2"), b"p2 data\n").expect("write");
+    fs::write(dir.join("hl1"), b"linked\n").expect("write");
+    fs::hard_link(dir.join("hl1"), dir.join("gamma/hl2")).expect("link");
+    fs::write(dir.join("xf"), b"has an xattr\n").expect("write");
+    xattr::set(dir.join("xf"), "user.check", b"xattrvalue42").expect("set xattr");
+    // Pseudo-random (incompressible) data, so the compressed image keeps it too.
+    let mut x = 0x1234_5678u32;
+    let mut rnd = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            })
+            .collect()
+    };
+    fs::write(dir.join("ov1"), rnd(12288)).expect("write");
+    fs::write(dir.join("ov2"), rnd(8192)).expect("write");
+    let text: Vec<u8> = b"compressible text line\n"
+        .iter()
+        .copied()
+        .cycle()
+        .take(65536)
+        .collect();
+    fs::write(dir.join("comp"), text).expect("write");
+}
+
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+    plain: PathBuf,
+    lz4: PathBuf,
+}
+
+fn fixture() -> Fixture {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().to_path_buf();
+    let src = dir.join("src");
+    small_tree(&src);
+    let plain = dir.join("plain.img");
+    build(&src, &plain, &["-z", "none"]);
+    let lz4 = dir.join("lz4.img");
+    build(&src, &lz4, &["-z", "lz4"]);
+    Fixture {
+        _tmp: tmp,
+        dir,
+        plain,
+        lz4,
+    }
+}
+
+fn stat(img: &Path, path: &str) -> Value {
+    json(&ok(&[&"stat", &"--json", &img, &path]))
+}
+fn nid(img: &Path, path: &str) -> u64 {
+    stat(img, path)["nid"].as_u64().expect("nid")
+}
+/// Byte position of an inode (no metabox).
+fn inode_pos(img: &Path, path: &str) -> usize {
+    let i = json(&ok(&[&"inspect", &"--json", &img]));
+    let meta = i["meta_blkaddr"].as_u64().expect("meta_blkaddr");
+    let bs = i["block_size"].as_u64().expect("block_size");
+    (meta * bs + nid(img, path) * 32) as usize
+}
+fn find(b: &[u8], pat: &[u8]) -> usize {
+    let hits: Vec<usize> = b
+        .windows(pat.len())
+        .enumerate()
+        .filter(|(_, w)| *w == pat)
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(hits.len(), 1, "{:?} found {} times", pat, hits.len());
+    hits[0]
+}
+/// Recompute the superblock checksum after patching (so only the patch is reported).
+fn fix_checksum(b: &mut [u8]) {
+    let n = ferofs_format::sb::checksum_len(4096);
+    let c = ferofs_format::sb::compute_checksum(&b[1024..1024 + n]);
+    b[1028..1032].copy_from_slice(&c.to_le_bytes());
+}
+
+/// One corruption: patches `b` and returns the (path, nid, kind) it must be reported as.
+type Corruption = fn(&Path, &mut Vec<u8>) -> (String, Option<u64>, &'static str);
+
+fn swap_names(_: &Path, b: &mut Vec<u8>) -> (String, Option<u64>, &'static str) {
+    // alpha's names are stored "." ".." "m1" "m2" "sub" back to back.
+    let p = find(b, b"...m1m2sub");
+    b[p + 3..p + 7].copy_from_slice(b"m2m1");
+    ("/alpha/m1".into(), None, "UnsortedDirectory")
+}
+fn nid_past_end(_: &Path, b: &mut Vec<u8>) -> (String, Option<u64>, &'static str) {
+    // beta: 4 dirents (12 bytes) then "...p1p2"; p1 is dirent 2.
+    let blk = find(b, b"...p1p2") - 48;
+    b[blk + 24..blk + 32].copy_from_slice(&0xFFFF_FFFFu64.to_le_bytes());
+    ("/beta/p1".into(), Some(0xFFFF_FFFF), "NidOutOfRange")
+}
+fn dotdot(img: &Path, b: &mut Vec<u8>) -> (String, Option<u64>, &'static str) {
+    // alpha/sub: 3 dirents then "...deep"; ".." is dirent 1.
+    let blk = find(b, b"...deep") - 36;
+    let beta = nid(img, "/beta");
+    b[blk + 12..blk + 20].copy_from_slice(&beta.to_le_bytes());
+    (
+        "/alpha/sub".into(),
+        Some(nid(img, "/alpha/sub")),
+        "BadDotDot",
+    )
+}
+fn nlink(img: &Path, b: &mut Vec<u8>) -> (String, Option<u64>, &'static str) {
+    let p = inode_pos(img, "/hl1");
+    assert_eq!(b[p] & 1, 1, "test expects extended inodes");
+    b[p + 0x2C..p + 0x30].copy_from_slice(&5u32.to_le_bytes());
+    ("/gamma/hl2".into(), Some(nid(img, "/hl1")), "BadNlink")
+}
+fn xattr_entry(img: &Path, b: &mut Vec<u8>) -> (String, Option<u64>, &'static str) {
+    // Entry header (name_len, index, value_size) sits just before the name.
+    let p = find(b, b"checkxattrvalue42");
+    b[p - 4] = 0xFF;
+    ("/xf".into(), Some(nid(img, "/xf")), "BadXattr")
+}
+fn overlap(img: &Path, b: &mut Vec<u8>) -> (String, Option<u64>, &'static str) {
+    let s1 = stat(img, "/ov1")["extents"][0]["physical"]
+        .as_u64()
+        .expect("ov1 extent");
+    let p = inode_pos(img, "/ov2");
+    let blk = (s1 / 4096 + 1) as u32;
+    b[p + 0x10..p + 0x14].copy_from_slice(&blk.to_le_bytes());
+    ("/ov2".into(), Some(nid(img, "/ov2")), "BlockOverlap")
+}
+fn checksum(_: &Path, b: &mut Vec<u8>) -> (String, Option<u64>, &'static str) {
+    b[1028] ^= 0xFF;
+    ("(superblock)".into(), None, "BadChecksum")
+}
+fn pcluster(img: &Path, b: &mut Vec<u8>) -> (String, Option<u64>, &'static str) {
+    let st = stat(img, "/comp");
+    let e = &st["extents"][0];
+    assert!(
+        e["kind"].as_str().expect("kind").starts_with("lz4"),
+        "comp is compressed: {st}"
+    );
+    let at = e["physical"].as_u64().expect("physical") as usize;
+    let len = e["stored"].as_u64().expect("stored") as usize;
+    b[at..at + len].fill(0xFF);
+    ("/comp".into(), Some(nid(img, "/comp")), "")
+}
+
+/// Run check on `img`; returns (exit code, problems).
+fn check(img: &Path) -> (i32, Vec<Value>) {
+    let out = run(&[&"check", &"--json", &img]);
+    let code = out.status.code().expect("exit code");
+    let v = json(&String::from_utf8_lossy(&out.stdout));
+    let probs = v["problems"].as_array().expect("problems").clone();
+    assert_eq!(
+        v["summary"]["problems"].as_u64(),
+        Some(probs.len() as u64),
+        "summary count"
+    );
+    (code, probs)
+}
+
+fn assert_reported(probs: &[Value], want: &(String, Option<u64>, &'static str)) {
+    let (path, nid, kind) = want;
+    let hit = probs.iter().any(|p| {
+        p["paths"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x.as_str() == Some(path)))
+            && nid.is_none_or(|n| p["nid"].as_u64() == Some(n))
+            && (kind.is_empty() || p["kind"].as_str() == Some(kind))
+    });
+    assert!(hit, "{want:?} not reported; got {probs:#?}");
+}
+
+const PLAIN: [(&str, Corruption); 7] = [
+    ("swap_names", swap_names),
+    ("nid_past_end", nid_past_end),
+    ("dotdot", dotdot),
+    ("nlink", nlink),
+    ("xattr_entry", xattr_entry),
+    ("overlap", overlap),
+    ("checksum", checksum),
+];
+
+#[test]
+fn each_corruption_is_reported_with_path_and_nid() {
+    let fx = fixture();
+    let (code, probs) = check(&fx.plain);
+    assert_eq!((code, probs.len()), (0, 0), "clean image: {probs:#?}");
+    let clean = fs::read(&fx.plain).expect("read image");
+    let mut cases: Vec<(&str, Corruption, &PathBuf)> =
+        PLAIN.iter().map(|(n, c)| (*n, *c, &fx.plain)).collect();
+    cases.push(("pcluster", pcluster, &fx.lz4));
+    for (name, corrupt, base) in cases {
+        let mut b = fs::read(base).expect("read image");
+        let want = corrupt(base, &mut b);
+        if name != "checksum" {
+            fix_checksum(&mut b);
+        }
+        let img = fx.dir.join(format!("{name}.img"));
+        fs::write(&img, &b).expect("write image");
+        let (code, probs) = check(&img);
+        assert_eq!(code, 1, "{name}: exit status; {probs:#?}");
+        assert_reported(&probs, &want);
+        // The text form names the path too.
+        let text = String::from_utf8_lossy(&run(&[&"check", &img]).stdout).into_owned();
+        eprintln!("{name}:\n{text}");
+        assert!(text.contains(&want.0), "{name}: text output: {text}");
+        assert!(text.contains("CORRUPT: "), "{name}: summary line: {text}");
+    }
+    // All plain corruptions in one image: every one is reported.
+    let mut b = clean;
+    let wants: Vec<_> = PLAIN.iter().map(|(_, c)| c(&fx.plain, &mut b)).collect();
+    let img = fx.dir.join("all.img");
+    fs::write(&img, &b).expect("write image");
+    let (code, probs) = check(&img);
+    assert_eq!(code, 1);
+    for w in &wants {
+        assert_reported(&probs, w);
+    }
+}
+
+#[test]
+fn unopenable_image_exits_2() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let img = tmp.path().join("junk.img");
+    fs::write(&img, vec![0u8; 8192]).expect("write");
+    let out = run(&[&"check", &img]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn clean_images_report_nothing() {
+    let fx = fixture();
+    let src = fx.dir.join("src");
+    let mut imgs = vec![fx.plain.clone(), fx.lz4.clone()];
+    for (i, opts) in [
+        &["-z", "lz4hc", "-C", "65536", "-E", "smallest"][..],
+        &["-z", "zstd", "-E", "all-fragments"],
+        &["-z", "none", "-b", "512"],
+        &["-z", "lzma", "-m"],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let img = fx.dir.join(format!("opt{i}.img"));
+        build(&src, &img, opts);
+        imgs.push(img);
+    }
+    for g in fs::read_dir(ferofs_testkit::shared_dir().join("testdata/erofs-utils-1.9.3"))
+        .expect("golden dir")
+    {
+        let name = g.expect("entry").file_name().to_string_lossy().into_owned();
+        if let Some(stem) = name.strip_suffix(".zst") {
+            imgs.push(ferofs_testkit::golden(&format!(
+                "erofs-utils-1.9.3/{stem}.zst"
+            )));
+        }
+    }
+    for img in imgs {
+        let (code, probs) = check(&img);
+        assert_eq!((code, probs.len()), (0, 0), "{}: {probs:#?}", img.display());
+    }
+}

@@ -136,7 +136,7 @@ impl Problem {
     pub fn line(&self) -> String {
         let mut s = match self.paths.split_first() {
             None => "(image)".to_string(),
-            Some((first, rest)) if rest.is_empty() => first.clone(),
+            Some((first, [])) => first.clone(),
             Some((first, rest)) => format!("{first} (also {})", rest.join(", ")),
         };
         s.push_str(": ");
@@ -176,9 +176,11 @@ impl Problem {
 /// What the check covered.
 #[derive(Debug, Default, Clone)]
 pub struct Summary {
+    /// Paths visited: the root and every entry but "." and "..".
     pub entries: u64,
     pub directories: u64,
     pub inodes: u64,
+    /// Bytes of regular-file data read (symlink targets not counted).
     pub bytes_read: u64,
     pub ranges: u64,
     pub truncated: bool,
@@ -189,6 +191,10 @@ struct Found {
     ino: Inode,
     paths: Vec<String>,
 }
+
+/// What one inode's check gives: problems, data byte ranges (start, end, nid) and
+/// bytes read.
+type InodeResult = (Vec<Problem>, Vec<(u64, u64, u64)>, u64);
 
 /// Result of a whole check.
 pub struct Report {
@@ -265,6 +271,7 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool) -> Report {
         return Report { problems, summary };
     }
     dirs_seen.insert(root_nid);
+    summary.entries = 1;
     // (directory inode, its path, parent nid, depth)
     let mut stack: Vec<(Inode, String, u64, usize)> =
         vec![(root.clone(), "/".to_string(), root_nid, 0)];
@@ -302,7 +309,7 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool) -> Report {
                 Ok(n) => Err(Error::short_read(dir.nid, start + n as u64, dir.size)),
                 Err(e) => {
                     problems.push(Problem::from_error(
-                        &[dpath.clone()],
+                        std::slice::from_ref(&dpath),
                         dir.nid,
                         &e,
                         &format!(
@@ -318,7 +325,7 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool) -> Report {
                 Ok(v) => v,
                 Err(e) => {
                     problems.push(Problem::from_error(
-                        &[dpath.clone()],
+                        std::slice::from_ref(&dpath),
                         dir.nid,
                         &e,
                         &format!("directory block {b} is corrupt; its entries and their subtrees are unreachable"),
@@ -328,7 +335,6 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool) -> Report {
                 }
             };
             for e in ents {
-                summary.entries += 1;
                 let cpath = join(&dpath, &e.name);
                 if let Some(p) = &prev {
                     if p.as_slice() >= e.name.as_slice() {
@@ -377,6 +383,7 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool) -> Report {
                     }
                     continue;
                 }
+                summary.entries += 1;
                 if verbose {
                     eprintln!("{cpath}");
                 }
@@ -523,7 +530,7 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool) -> Report {
     let mut items: Vec<Found> = found.into_values().collect();
     items.sort_by_key(|f| f.ino.nid);
     summary.inodes = items.len() as u64;
-    let results: Vec<(Vec<Problem>, Vec<(u64, u64, u64)>, u64)> = items
+    let results: Vec<InodeResult> = items
         .par_iter()
         .map_init(
             || (vec![0u8; 1 << 20], ReadCtx::new()),
@@ -557,7 +564,7 @@ fn check_inode(
     f: &Found,
     buf: &mut [u8],
     ctx: &mut ReadCtx,
-) -> (Vec<Problem>, Vec<(u64, u64, u64)>, u64) {
+) -> InodeResult {
     let ino = &f.ino;
     let mut probs = Vec::new();
     let mut ranges = Vec::new();
@@ -606,7 +613,7 @@ fn check_inode(
     let mut read = 0u64;
     if ino.is_symlink() {
         match img.read_link(ino) {
-            Ok(t) => read = t.len() as u64,
+            Ok(_) => {}
             Err(e) => probs.push(Problem::from_error(
                 &f.paths,
                 ino.nid,

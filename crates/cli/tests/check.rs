@@ -100,21 +100,21 @@ fn fix_checksum(b: &mut [u8]) {
 }
 
 /// One corruption: patches `b` and returns the (path, nid, kind) it must be reported as.
-type Corruption = fn(&Path, &mut Vec<u8>) -> (String, Option<u64>, &'static str);
+type Corruption = fn(&Path, &mut [u8]) -> (String, Option<u64>, &'static str);
 
-fn swap_names(_: &Path, b: &mut Vec<u8>) -> (String, Option<u64>, &'static str) {
+fn swap_names(_: &Path, b: &mut [u8]) -> (String, Option<u64>, &'static str) {
     // alpha's names are stored "." ".." "m1" "m2" "sub" back to back.
     let p = find(b, b"...m1m2sub");
     b[p + 3..p + 7].copy_from_slice(b"m2m1");
     ("/alpha/m1".into(), None, "UnsortedDirectory")
 }
-fn nid_past_end(_: &Path, b: &mut Vec<u8>) -> (String, Option<u64>, &'static str) {
+fn nid_past_end(_: &Path, b: &mut [u8]) -> (String, Option<u64>, &'static str) {
     // beta: 4 dirents (12 bytes) then "...p1p2"; p1 is dirent 2.
     let blk = find(b, b"...p1p2") - 48;
     b[blk + 24..blk + 32].copy_from_slice(&0xFFFF_FFFFu64.to_le_bytes());
     ("/beta/p1".into(), Some(0xFFFF_FFFF), "NidOutOfRange")
 }
-fn dotdot(img: &Path, b: &mut Vec<u8>) -> (String, Option<u64>, &'static str) {
+fn dotdot(img: &Path, b: &mut [u8]) -> (String, Option<u64>, &'static str) {
     // alpha/sub: 3 dirents then "...deep"; ".." is dirent 1.
     let blk = find(b, b"...deep") - 36;
     let beta = nid(img, "/beta");
@@ -125,19 +125,19 @@ fn dotdot(img: &Path, b: &mut Vec<u8>) -> (String, Option<u64>, &'static str) {
         "BadDotDot",
     )
 }
-fn nlink(img: &Path, b: &mut Vec<u8>) -> (String, Option<u64>, &'static str) {
+fn nlink(img: &Path, b: &mut [u8]) -> (String, Option<u64>, &'static str) {
     let p = inode_pos(img, "/hl1");
     assert_eq!(b[p] & 1, 1, "test expects extended inodes");
     b[p + 0x2C..p + 0x30].copy_from_slice(&5u32.to_le_bytes());
     ("/gamma/hl2".into(), Some(nid(img, "/hl1")), "BadNlink")
 }
-fn xattr_entry(img: &Path, b: &mut Vec<u8>) -> (String, Option<u64>, &'static str) {
+fn xattr_entry(img: &Path, b: &mut [u8]) -> (String, Option<u64>, &'static str) {
     // Entry header (name_len, index, value_size) sits just before the name.
     let p = find(b, b"checkxattrvalue42");
     b[p - 4] = 0xFF;
     ("/xf".into(), Some(nid(img, "/xf")), "BadXattr")
 }
-fn overlap(img: &Path, b: &mut Vec<u8>) -> (String, Option<u64>, &'static str) {
+fn overlap(img: &Path, b: &mut [u8]) -> (String, Option<u64>, &'static str) {
     let s1 = stat(img, "/ov1")["extents"][0]["physical"]
         .as_u64()
         .expect("ov1 extent");
@@ -146,11 +146,11 @@ fn overlap(img: &Path, b: &mut Vec<u8>) -> (String, Option<u64>, &'static str) {
     b[p + 0x10..p + 0x14].copy_from_slice(&blk.to_le_bytes());
     ("/ov2".into(), Some(nid(img, "/ov2")), "BlockOverlap")
 }
-fn checksum(_: &Path, b: &mut Vec<u8>) -> (String, Option<u64>, &'static str) {
+fn checksum(_: &Path, b: &mut [u8]) -> (String, Option<u64>, &'static str) {
     b[1028] ^= 0xFF;
     ("(superblock)".into(), None, "BadChecksum")
 }
-fn pcluster(img: &Path, b: &mut Vec<u8>) -> (String, Option<u64>, &'static str) {
+fn pcluster(img: &Path, b: &mut [u8]) -> (String, Option<u64>, &'static str) {
     let st = stat(img, "/comp");
     let e = &st["extents"][0];
     assert!(

@@ -283,6 +283,7 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool) -> Report {
         },
     );
     let mut buf = vec![0u8; bs as usize];
+    let mut walk_incomplete = false;
     // Bounded: each directory is pushed at most once (dirs_seen), and each has a
     // finite number of blocks, read until the first unreadable one.
     while let Some((dir, dpath, parent, depth)) = stack.pop() {
@@ -301,6 +302,12 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool) -> Report {
         let mut saw_dot = false;
         let mut saw_dotdot = false;
         for b in 0..nblocks {
+            // A directory claiming a huge size of unparseable blocks ends here.
+            if problems.len() >= MAX_PROBLEMS {
+                summary.truncated = true;
+                complete = false;
+                break;
+            }
             let start = b * bs;
             let len = (dir.size - start).min(bs) as usize;
             let blk = &mut buf[..len];
@@ -465,6 +472,9 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool) -> Report {
                 }
             }
         }
+        if !complete {
+            walk_incomplete = true;
+        }
         if complete {
             if !saw_dot && !dir.dot_omitted {
                 problems.push(
@@ -499,7 +509,11 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool) -> Report {
             problems.push(Problem {
                 paths: f.paths.clone(),
                 kind: "BadNlink".into(),
-                what: "nlink differs from the number of names found".into(),
+                what: if walk_incomplete {
+                    "nlink differs from the number of names found (some directories could not be read completely)".into()
+                } else {
+                    "nlink differs from the number of names found".into()
+                },
                 nid: Some(f.ino.nid),
                 offset: None,
                 value: Some(u64::from(f.ino.nlink)),

@@ -163,6 +163,16 @@ fn pcluster(img: &Path, b: &mut [u8]) -> (String, Option<u64>, &'static str) {
     ("/comp".into(), Some(nid(img, "/comp")), "")
 }
 
+/// `FEROFS_CHECK_KEEP=DIR` keeps a copy of each corrupted image there (to compare with
+/// fsck.erofs by hand).
+fn keep(img: &Path) {
+    if let Some(dir) = std::env::var_os("FEROFS_CHECK_KEEP") {
+        let dir = PathBuf::from(dir);
+        fs::create_dir_all(&dir).expect("mkdir keep");
+        fs::copy(img, dir.join(img.file_name().expect("name"))).expect("keep image");
+    }
+}
+
 /// Run check on `img`; returns (exit code, problems).
 fn check(img: &Path) -> (i32, Vec<Value>) {
     let out = run(&[&"check", &"--json", &img]);
@@ -216,6 +226,7 @@ fn each_corruption_is_reported_with_path_and_nid() {
         }
         let img = fx.dir.join(format!("{name}.img"));
         fs::write(&img, &b).expect("write image");
+        keep(&img);
         let (code, probs) = check(&img);
         assert_eq!(code, 1, "{name}: exit status; {probs:#?}");
         assert_reported(&probs, &want);
@@ -230,6 +241,7 @@ fn each_corruption_is_reported_with_path_and_nid() {
     let wants: Vec<_> = PLAIN.iter().map(|(_, c)| c(&fx.plain, &mut b)).collect();
     let img = fx.dir.join("all.img");
     fs::write(&img, &b).expect("write image");
+    keep(&img);
     let (code, probs) = check(&img);
     assert_eq!(code, 1);
     for w in &wants {

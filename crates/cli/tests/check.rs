@@ -13,6 +13,8 @@ fn small_tree(dir: &Path) {
     fs::create_dir_all(dir.join("alpha/sub")).expect("mkdir");
     fs::create_dir_all(dir.join("beta")).expect("mkdir");
     fs::create_dir_all(dir.join("gamma")).expect("mkdir");
+    fs::create_dir_all(dir.join("delta")).expect("mkdir");
+    fs::write(dir.join("delta/zz1"), b"lost\n").expect("write");
     fs::write(dir.join("alpha/m1"), b"one\n").expect("write");
     fs::write(dir.join("alpha/m2"), b"two\n").expect("write");
     fs::write(dir.join("alpha/sub/deep"), b"deep\n").expect("write");
@@ -125,6 +127,12 @@ fn dotdot(img: &Path, b: &mut [u8]) -> (String, Option<u64>, &'static str) {
         "BadDotDot",
     )
 }
+fn bad_dir_block(img: &Path, b: &mut [u8]) -> (String, Option<u64>, &'static str) {
+    // delta: 3 dirents then "...zz1"; the first nameoff made impossible.
+    let blk = find(b, b"...zz1") - 36;
+    b[blk + 8..blk + 10].copy_from_slice(&0xFFFFu16.to_le_bytes());
+    ("/delta".into(), Some(nid(img, "/delta")), "BadNameoff")
+}
 fn nlink(img: &Path, b: &mut [u8]) -> (String, Option<u64>, &'static str) {
     let p = inode_pos(img, "/hl1");
     assert_eq!(b[p] & 1, 1, "test expects extended inodes");
@@ -199,7 +207,8 @@ fn assert_reported(probs: &[Value], want: &(String, Option<u64>, &'static str)) 
     assert!(hit, "{want:?} not reported; got {probs:#?}");
 }
 
-const PLAIN: [(&str, Corruption); 7] = [
+const PLAIN: [(&str, Corruption); 8] = [
+    ("bad_dir_block", bad_dir_block),
     ("swap_names", swap_names),
     ("nid_past_end", nid_past_end),
     ("dotdot", dotdot),
@@ -230,6 +239,33 @@ fn each_corruption_is_reported_with_path_and_nid() {
         let (code, probs) = check(&img);
         assert_eq!(code, 1, "{name}: exit status; {probs:#?}");
         assert_reported(&probs, &want);
+        // Bad and expected values, exactly, where check knows both.
+        let exact = |kind: &str, value: u64, expected: u64| {
+            assert!(
+                probs.iter().any(|p| p["kind"] == kind
+                    && p["value"].as_u64() == Some(value)
+                    && p["expected"].as_u64() == Some(expected)),
+                "{name}: no {kind} with value {value}, expected {expected}: {probs:#?}"
+            );
+        };
+        match name {
+            "nlink" => exact("BadNlink", 5, 2),
+            "dotdot" => exact("BadDotDot", nid(base, "/beta"), nid(base, "/alpha")),
+            _ => {}
+        }
+        if name == "bad_dir_block" {
+            // Reported as making its entries unreachable, and the walk went on.
+            let p = probs
+                .iter()
+                .find(|p| p["kind"] == "BadNameoff")
+                .expect("BadNameoff");
+            assert!(
+                p["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("unreachable")),
+                "{p}"
+            );
+        }
         // The text form names the path too.
         let text = String::from_utf8_lossy(&run(&[&"check", &img]).stdout).into_owned();
         eprintln!("{name}:\n{text}");

@@ -47,6 +47,7 @@ mod progress;
 mod record;
 mod sb;
 pub mod scan;
+pub mod source;
 mod write;
 pub mod xattrs;
 pub mod zdata;

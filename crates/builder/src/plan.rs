@@ -217,7 +217,7 @@ mod tests {
             parent: 0,
         };
         let file = Kind::File {
-            path: "/nonexistent".into(),
+            src: crate::source::Source::Path("/nonexistent".into()),
             size: 5000,
         };
         Tree {

@@ -4,6 +4,7 @@
 //! hardlinks (same device and inode number) share one inode.
 
 use crate::options::*;
+use crate::source::Source;
 use ferofs_format::inode::*;
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -21,7 +22,7 @@ pub enum Kind {
         parent: InodeId,
     },
     File {
-        path: PathBuf,
+        src: Source,
         size: u64,
     },
     Symlink {
@@ -55,7 +56,10 @@ impl Node {
     /// one link, the build time as mtime, in no directory; `rel` names it in errors.
     pub fn internal_file(path: PathBuf, size: u64, mode: u16, mtime: i64, rel: &[u8]) -> Node {
         Node {
-            kind: Kind::File { path, size },
+            kind: Kind::File {
+                src: Source::Path(path),
+                size,
+            },
             mode,
             uid: 0,
             gid: 0,
@@ -164,7 +168,7 @@ impl Scanner<'_> {
                 parent: 0,
             },
             S_IFREG => Kind::File {
-                path: path.to_path_buf(),
+                src: Source::Path(path.to_path_buf()),
                 size: md.size(),
             },
             S_IFLNK => {

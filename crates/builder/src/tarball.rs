@@ -17,7 +17,8 @@
 //! children); a hardlink names the inode its target has at that point of the stream;
 //! directories that appear only as parents get mode 0755, owner 0:0 and the newest
 //! mtime of the input. With `aufs`, `.wh.NAME` becomes an overlayfs whiteout (char 0:0,
-//! the parent gets `trusted.overlay.origin`, as mkfs.erofs 1.9.3 does) and
+//! mode 0, owner and mtime of the `.wh.` entry; the parent gets an empty
+//! `trusted.overlay.origin`, as mkfs.erofs 1.9.3 does) and
 //! `.wh..wh..opq` sets `trusted.overlay.opaque=y` on its directory. With more than one
 //! layer the stack is flattened: each layer's whiteouts remove what earlier layers
 //! put there, an opaque directory drops the earlier layers' children, and no whiteout
@@ -28,7 +29,7 @@ use crate::scan::{fix_nlinks, InodeId, Kind, Node, Tree};
 use crate::source::{Segment, Source};
 use ferofs_format::inode::*;
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufWriter, Read, Write};
+use std::io::{BufRead, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -178,33 +179,38 @@ fn read_layer(
     spool_dir: &Path,
 ) -> Result<Option<tempfile::NamedTempFile>> {
     let shown = input.shown();
-    let raw: Box<dyn Read> = match input {
-        TarInput::File(p) => Box::new(std::fs::File::open(p).map_err(io_err(p, "tar: open"))?),
-        TarInput::Stdin => Box::new(std::io::stdin()),
+    let peek = |b: &mut dyn BufRead| -> Result<Vec<u8>> {
+        Ok(b.fill_buf().map_err(io_err(&shown, "tar: read"))?.to_vec())
     };
-    let mut raw = std::io::BufReader::with_capacity(1 << 20, raw);
-    let head = {
-        use std::io::BufRead;
-        raw.fill_buf()
-            .map_err(io_err(&shown, "tar: read"))?
-            .to_vec()
+    let decoder = |comp: &str, r: Box<dyn BufRead>| -> Result<Box<dyn Read>> {
+        Ok(match comp {
+            "gzip" => Box::new(flate2::read::MultiGzDecoder::new(r)),
+            "xz" => Box::new(liblzma::read::XzDecoder::new_multi_decoder(r)),
+            "zstd" => Box::new(
+                zstd::stream::read::Decoder::with_buffer(r).map_err(io_err(&shown, "tar: zstd"))?,
+            ),
+            "bzip2" => Box::new(bzip2::read::MultiBzDecoder::new(r)),
+            _ => Box::new(r),
+        })
     };
-    let comp = detect(&head);
-    let in_place = match input {
-        TarInput::File(p) if comp == "none" => std::fs::metadata(p)
-            .map(|m| m.is_file())
-            .unwrap_or(false)
-            .then(|| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone())),
-        _ => None,
-    };
-    let stream: Box<dyn Read> = match comp {
-        "gzip" => Box::new(flate2::read::MultiGzDecoder::new(raw)),
-        "xz" => Box::new(liblzma::read::XzDecoder::new_multi_decoder(raw)),
-        "zstd" => Box::new(
-            zstd::stream::read::Decoder::with_buffer(raw).map_err(io_err(&shown, "tar: zstd"))?,
-        ),
-        "bzip2" => Box::new(bzip2::read::MultiBzDecoder::new(raw)),
-        _ => Box::new(raw),
+    let (stream, comp, in_place) = match input {
+        TarInput::File(p) => {
+            let f = std::fs::File::open(p).map_err(io_err(p, "tar: open"))?;
+            let md = f.metadata().map_err(io_err(p, "tar: stat"))?;
+            let mut b = std::io::BufReader::with_capacity(1 << 20, f);
+            let comp = detect(&peek(&mut b)?);
+            if comp == "none" && md.is_file() {
+                let canon = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+                (In::File(b, md.len()), comp, Some(canon))
+            } else {
+                (In::Stream(decoder(comp, Box::new(b))?), comp, None)
+            }
+        }
+        TarInput::Stdin => {
+            let mut b = std::io::BufReader::with_capacity(1 << 20, std::io::stdin());
+            let comp = detect(&peek(&mut b)?);
+            (In::Stream(decoder(comp, Box::new(b))?), comp, None)
+        }
     };
     let (mut sink, spool) = match in_place {
         Some(p) => (Sink::InPlace(Arc::from(p.as_path())), None),
@@ -237,8 +243,14 @@ fn read_layer(
     Ok(spool)
 }
 
+/// The uncompressed tar: a regular file (seekable, its length known) or a stream.
+enum In {
+    File(std::io::BufReader<std::fs::File>, u64),
+    Stream(Box<dyn Read>),
+}
+
 struct TarStream {
-    r: Box<dyn Read>,
+    r: In,
     /// Bytes of the (uncompressed) tar consumed.
     pos: u64,
     shown: PathBuf,
@@ -250,7 +262,11 @@ impl TarStream {
     fn fill(&mut self, buf: &mut [u8]) -> Result<usize> {
         let mut n = 0;
         while n < buf.len() {
-            match self.r.read(&mut buf[n..]) {
+            let got = match &mut self.r {
+                In::File(f, _) => f.read(&mut buf[n..]),
+                In::Stream(s) => s.read(&mut buf[n..]),
+            };
+            match got {
                 Ok(0) => break,
                 Ok(k) => n += k,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -289,8 +305,25 @@ impl TarStream {
         Ok(())
     }
 
-    /// Skip `n` bytes (data not kept), by reading them.
+    /// Skip `n` bytes (data not kept): a seek in a file, else reading them.
     fn skip(&mut self, mut n: u64, what: &dyn Fn() -> String) -> Result<()> {
+        if let In::File(f, len) = &mut self.r {
+            let end = self.pos.checked_add(n).filter(|e| e <= len);
+            let Some(end) = end.filter(|&e| i64::try_from(e).is_ok()) else {
+                return Err(invalid(
+                    &self.shown,
+                    format!(
+                        "truncated archive: {} needs {n} bytes from tar byte {}, the archive has {len}",
+                        what(),
+                        self.pos
+                    ),
+                ));
+            };
+            f.seek_relative(n as i64)
+                .map_err(io_err(&self.shown, "tar: seek"))?;
+            self.pos = end;
+            return Ok(());
+        }
         let mut buf = vec![0u8; 64 << 10];
         // Bounded: each pass consumes up to 64 KiB or fails.
         while n > 0 {
@@ -948,10 +981,21 @@ fn store(r: &mut TarStream, sink: &mut Sink, len: u64, what: &dyn Fn() -> String
             let at = *spooled;
             let mut buf = vec![0u8; (1u64 << 20).min(len) as usize];
             let mut left = len;
+            let from = r.pos;
             // Bounded: each pass consumes up to 1 MiB or fails.
             while left > 0 {
                 let k = left.min(buf.len() as u64) as usize;
-                r.exact(&mut buf[..k], what)?;
+                if r.fill(&mut buf[..k])? < k {
+                    return Err(invalid(
+                        &r.shown,
+                        format!(
+                            "truncated archive: {} ends at tar byte {} ({} of {len} bytes from byte {from})",
+                            what(),
+                            r.pos,
+                            r.pos - from
+                        ),
+                    ));
+                }
                 w.write_all(&buf[..k])
                     .map_err(io_err(path, "tar: write spool"))?;
                 left -= k as u64;
@@ -1160,8 +1204,9 @@ impl Arena {
                     return Ok(());
                 }
                 let d = self.dir(parents, layer, true)?.ok_or("no parent")?;
+                // Mode 0 as overlayfs makes them (and mkfs.erofs 1.9.3 --aufs).
                 node.kind = TKind::Device(0);
-                node.mode = S_IFCHR | (node.mode & 0o7777);
+                node.mode = S_IFCHR;
                 if !self.strip {
                     self.nodes[d].xattrs.insert(OVL_ORIGIN.to_vec(), Vec::new());
                 }

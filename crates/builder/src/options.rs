@@ -63,6 +63,9 @@ pub struct BuildOptions {
     /// Leave overlayfs whiteouts (char 0:0) and `trusted.overlay.opaque` out of the
     /// image (`--ovlfs-strip`), any input.
     pub ovlfs_strip: bool,
+    /// Tar input, index mode (`--tar-index`, mkfs.erofs's `--tar=i`): no file data in
+    /// the image, regular files point into the tar, the image's extra device.
+    pub tar_index: bool,
 }
 
 /// Which file data goes into the packed inode (`-E fragments`, `-E all-fragments`).
@@ -105,6 +108,7 @@ impl Default for BuildOptions {
             progress: None,
             aufs: false,
             ovlfs_strip: false,
+            tar_index: false,
         }
     }
 }

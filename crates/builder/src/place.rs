@@ -75,12 +75,27 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
         fragment_alt: 0,
         warnings: Vec::new(),
     };
+    // Files on an extra device (tar index mode) only get chunk indexes pointing there.
+    for (id, nd) in tree.nodes.iter().enumerate() {
+        if let Kind::File {
+            src: Source::External { device, blkaddr },
+            size,
+        } = &nd.kind
+        {
+            placed.layouts[id] = external_layout(*device, *blkaddr, *size, plan.bits)?;
+            placed.bytes_in += size;
+        }
+    }
     let mut files: Vec<(usize, &crate::scan::Node, &Source, u64)> = tree
         .nodes
         .iter()
         .enumerate()
         .filter(|(id, _)| Some(*id) != tree.packed)
         .filter_map(|(id, nd)| match &nd.kind {
+            Kind::File {
+                src: Source::External { .. },
+                ..
+            } => None,
             Kind::File { src, size } => Some((id, nd, src, *size)),
             _ => None,
         })
@@ -217,6 +232,27 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
     // Files stored without compressing them (small, holes, no gain) count here.
     progress.finish();
     Ok(placed)
+}
+
+/// The chunk indexes of a file of `size` bytes contiguous from block `blkaddr` of
+/// extra device `device`: one chunk as large as the file (at most 2^31 blocks a
+/// chunk), so a file takes one 8-byte index or a few.
+fn external_layout(device: u16, blkaddr: u64, size: u64, bits: u8) -> Result<Layout> {
+    if size == 0 {
+        return Ok(Layout::NONE);
+    }
+    let blocks = size.div_ceil(1 << bits);
+    let rel = (64 - (blocks - 1).leading_zeros()).min(31) as u8;
+    let count = blocks.div_ceil(1 << rel);
+    Ok(Layout::ChunkIndex {
+        chunk_rel: rel,
+        device,
+        blkaddr: u32::try_from(blkaddr)
+            .ok()
+            .filter(|b| u64::from(*b) + blocks <= 1 << 32)
+            .ok_or_else(|| BuildError::TooLarge("tar beyond 2^32 blocks".into()))?,
+        count: u32::try_from(count).map_err(|_| BuildError::TooLarge("too many chunks".into()))?,
+    })
 }
 
 /// Store the packed inode's data (inode `id`, `packed.size` bytes; `plan` already

@@ -78,6 +78,8 @@ pub struct Tree {
     pub root: InodeId,
     /// The packed inode (fragments): a regular file no directory links.
     pub packed: Option<InodeId>,
+    /// Extra devices the image refers to (tar index mode: the tar), in blocks.
+    pub devices: Vec<u64>,
 }
 
 impl Tree {
@@ -140,6 +142,7 @@ pub fn scan_dir(root: &Path, opts: &BuildOptions) -> Result<Tree> {
         nodes: s.nodes,
         root: root_id,
         packed: None,
+        devices: Vec::new(),
     };
     fix_nlinks(&mut tree);
     Ok(tree)

@@ -37,6 +37,9 @@ pub enum Source {
         file: Arc<Path>,
         segs: Arc<[Segment]>,
     },
+    /// On an extra device of the image, contiguous from block `blkaddr` (tar index
+    /// mode: the tar is the device). Never read: the image only points at it.
+    External { device: u16, blkaddr: u64 },
 }
 
 impl Source {
@@ -45,11 +48,17 @@ impl Source {
         match self {
             Source::Path(p) => p,
             Source::Range { file, .. } | Source::Sparse { file, .. } => file,
+            Source::External { .. } => Path::new("(extra device)"),
         }
     }
 
     /// Open for reading a file of `size` bytes.
     pub fn open(&self, size: u64) -> Result<Reader<'_>> {
+        if let Source::External { .. } = self {
+            return Err(BuildError::Options(
+                "internal: data on an extra device is not read".into(),
+            ));
+        }
         let f = File::open(self.path()).map_err(io_err(self.path(), "data: open"))?;
         Ok(Reader { src: self, f, size })
     }
@@ -79,6 +88,7 @@ impl Reader<'_> {
                 }
                 self.f.read_exact_at(buf, at + off)
             }
+            Source::External { .. } => Err(std::io::ErrorKind::Unsupported.into()),
             Source::Sparse { segs, .. } => {
                 let end = off
                     .checked_add(buf.len() as u64)
@@ -142,7 +152,7 @@ impl Reader<'_> {
     pub fn segments(&self) -> Option<Vec<(u64, u64)>> {
         match self.src {
             Source::Path(_) => crate::data::data_segments(&self.f, self.size),
-            Source::Range { .. } => None,
+            Source::Range { .. } | Source::External { .. } => None,
             Source::Sparse { segs, .. } => {
                 let mut v: Vec<(u64, u64)> = Vec::with_capacity(segs.len());
                 for s in segs.iter().filter(|s| s.len > 0) {

@@ -136,13 +136,30 @@ pub fn scan_tars(inputs: &[TarInput], spool_dir: &Path, opts: &BuildOptions) -> 
         flatten: inputs.len() > 1,
         strip: opts.ovlfs_strip,
     };
-    let mut spools = Vec::new();
-    for (layer, input) in inputs.iter().enumerate() {
-        if let Some(s) = read_layer(&mut a, input, layer, spool_dir)? {
-            spools.push(s);
+    if opts.tar_index {
+        if inputs.len() != 1 {
+            return Err(BuildError::Options(
+                "tar index mode takes one tar (it becomes the image's extra device)".into(),
+            ));
+        }
+        if opts.block_size != 512 {
+            return Err(BuildError::Options(format!(
+                "tar index mode needs 512-byte blocks (tar data is 512-byte aligned), not {}",
+                opts.block_size
+            )));
         }
     }
-    let tree = a.finish(opts)?;
+    let mut spools = Vec::new();
+    let mut tar_len = 0;
+    for (layer, input) in inputs.iter().enumerate() {
+        let (s, len) = read_layer(&mut a, input, layer, spool_dir, opts.tar_index)?;
+        spools.extend(s);
+        tar_len = len;
+    }
+    let mut tree = a.finish(opts)?;
+    if opts.tar_index {
+        tree.devices = vec![tar_len.div_ceil(512)];
+    }
     Ok(TarTree { tree, spools })
 }
 
@@ -150,6 +167,8 @@ pub fn scan_tars(inputs: &[TarInput], spool_dir: &Path, opts: &BuildOptions) -> 
 enum Sink {
     /// The tar itself (uncompressed, seekable): data stays where it is.
     InPlace(Arc<Path>),
+    /// Index mode: the tar is the image's extra device 1; data is only pointed at.
+    Index,
     Spool {
         path: Arc<Path>,
         w: BufWriter<std::fs::File>,
@@ -177,7 +196,8 @@ fn read_layer(
     input: &TarInput,
     layer: usize,
     spool_dir: &Path,
-) -> Result<Option<tempfile::NamedTempFile>> {
+    index: bool,
+) -> Result<(Option<tempfile::NamedTempFile>, u64)> {
     let shown = input.shown();
     let peek = |b: &mut dyn BufRead| -> Result<Vec<u8>> {
         Ok(b.fill_buf().map_err(io_err(&shown, "tar: read"))?.to_vec())
@@ -212,7 +232,14 @@ fn read_layer(
             (In::Stream(decoder(comp, Box::new(b))?), comp, None)
         }
     };
+    if index && comp != "none" {
+        return Err(invalid(
+            &shown,
+            format!("tar index mode needs an uncompressed tar (this is {comp}): the image points into it"),
+        ));
+    }
     let (mut sink, spool) = match in_place {
+        _ if index => (Sink::Index, None),
         Some(p) => (Sink::InPlace(Arc::from(p.as_path())), None),
         None => {
             let t = tempfile::Builder::new()
@@ -240,7 +267,18 @@ fn read_layer(
     if let Sink::Spool { w, path, .. } = &mut sink {
         w.flush().map_err(io_err(path, "tar: write spool"))?;
     }
-    Ok(spool)
+    // The archive's length (index mode: the device's size): a file's, or what is
+    // left of the stream read to its end.
+    let len = match &r.r {
+        In::File(_, len) => *len,
+        In::Stream(_) => {
+            let mut buf = vec![0u8; 64 << 10];
+            // Bounded by the stream.
+            while r.fill(&mut buf)? > 0 {}
+            r.pos
+        }
+    };
+    Ok((spool, len))
 }
 
 /// The uncompressed tar: a regular file (seekable, its length known) or a stream.
@@ -828,6 +866,11 @@ fn parse(a: &mut Arena, r: &mut TarStream, sink: &mut Sink, layer: usize) -> Res
                 let pax_sparse = ext.sparse_major.is_some()
                     || !ext.sparse_map.is_empty()
                     || ext.sparse_realsize.is_some();
+                if (typ == b'S' || pax_sparse) && matches!(sink, Sink::Index) {
+                    return Err(ebad(
+                        "a sparse file cannot be pointed at in tar index mode (its data is not laid out as the file)".into(),
+                    ));
+                }
                 if typ == b'S' || pax_sparse {
                     let (segs, real) =
                         read_sparse_map(r, &hdr, typ == b'S', &ext, size, &data_what, &ebad)?;
@@ -868,10 +911,7 @@ fn parse(a: &mut Arena, r: &mut TarStream, sink: &mut Sink, layer: usize) -> Res
                     let at = store(r, sink, size, &data_what)?;
                     r.skip(pad512(size) - size, &data_what)?;
                     TKind::File {
-                        src: Source::Range {
-                            file: sink_path(sink),
-                            at,
-                        },
+                        src: sink_source(sink, at),
                         size,
                     }
                 }
@@ -958,9 +998,24 @@ fn parse(a: &mut Arena, r: &mut TarStream, sink: &mut Sink, layer: usize) -> Res
     Ok(())
 }
 
+/// The source of `size` bytes stored at `at` (see [`store`]).
+fn sink_source(s: &Sink, at: u64) -> Source {
+    match s {
+        Sink::InPlace(p) | Sink::Spool { path: p, .. } => Source::Range {
+            file: p.clone(),
+            at,
+        },
+        Sink::Index => Source::External {
+            device: 1,
+            blkaddr: at / 512,
+        },
+    }
+}
+
 fn sink_path(s: &Sink) -> Arc<Path> {
     match s {
         Sink::InPlace(p) | Sink::Spool { path: p, .. } => p.clone(),
+        Sink::Index => Arc::from(Path::new("(tar)")),
     }
 }
 
@@ -968,7 +1023,7 @@ fn sink_path(s: &Sink) -> Arc<Path> {
 /// to the spool. Returns their offset in the backing file.
 fn store(r: &mut TarStream, sink: &mut Sink, len: u64, what: &dyn Fn() -> String) -> Result<u64> {
     match sink {
-        Sink::InPlace(_) => {
+        Sink::InPlace(_) | Sink::Index => {
             let at = r.pos;
             r.skip(len, what)?;
             Ok(at)
@@ -1385,6 +1440,7 @@ impl Arena {
             nodes,
             root,
             packed: None,
+            devices: Vec::new(),
         };
         if o.ovlfs_strip {
             strip_overlay(&mut tree);

@@ -37,9 +37,16 @@ pub struct BuildArgs {
         default_missing_value = "1"
     )]
     ovlfs_strip: Option<u8>,
-    /// Block size in bytes: 512, 1024, 2048 or 4096.
-    #[arg(short = 'b', long, default_value_t = 4096)]
-    block_size: u32,
+    /// Block size in bytes: 512, 1024, 2048 or 4096 (default 4096; 512 with
+    /// --tar-index).
+    #[arg(short = 'b', long)]
+    block_size: Option<u32>,
+    /// Tar index mode (mkfs.erofs's `--tar=i`): the image holds metadata only, its
+    /// regular files point into the (uncompressed) tar, which is mounted beside it as
+    /// an extra device: `mount -t erofs -o ro,loop,device=/dev/loopN IMAGE DIR` with
+    /// the tar on loop device N (`losetup -r`). 512-byte blocks.
+    #[arg(long, requires = "tar")]
+    tar_index: bool,
     /// Make every file owned by root (uid 0, gid 0).
     #[arg(long)]
     all_root: bool,
@@ -159,13 +166,12 @@ fn parse_uuid(s: &str) -> Result<UuidChoice> {
 
 pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
     let mut o = BuildOptions::default();
-    if !(512..=4096).contains(&a.block_size) || !a.block_size.is_power_of_two() {
-        bail!(
-            "--block-size must be 512, 1024, 2048 or 4096 (got {})",
-            a.block_size
-        );
+    let block_size = a.block_size.unwrap_or(if a.tar_index { 512 } else { 4096 });
+    if !(512..=4096).contains(&block_size) || !block_size.is_power_of_two() {
+        bail!("--block-size must be 512, 1024, 2048 or 4096 (got {block_size})");
     }
-    o.block_size = a.block_size;
+    o.block_size = block_size;
+    o.tar_index = a.tar_index;
     o.aufs = a.aufs;
     o.ovlfs_strip = match a.ovlfs_strip {
         None | Some(0) => false,
@@ -224,7 +230,7 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
                 .split(':')
                 .map(|s| CompressorSpec::parse(s).with_context(|| format!("-z {s:?}")))
                 .collect::<Result<_>>()?,
-            pcluster_size: a.pcluster_size.unwrap_or(a.block_size),
+            pcluster_size: a.pcluster_size.unwrap_or(block_size),
             ztailpacking: ztail,
             ..Compression::default()
         };

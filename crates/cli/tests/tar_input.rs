@@ -99,6 +99,57 @@ fn tree_tar_zst_from_file_and_stdin_mounts_as_the_tree() {
     let out = ok(&[&"check", &img]);
     assert!(out.starts_with("ok: 3239 entries"), "{out}");
     fsck_erofs(&img).unwrap_or_else(|e| panic!("fsck.erofs failed:\n{e}"));
+    // Index mode: metadata only, files pointing into the tar, mounted with the tar as
+    // an extra device (a block device: this kernel opens `device=` as one), and the
+    // image and the tar concatenated mount alone (unified addressing).
+    let plain = fs.path().join("tree.tar");
+    run_cmd(
+        Command::new("zstd")
+            .args(["-d", "-q", "-f", "-o"])
+            .arg(&plain)
+            .arg(&tar),
+    );
+    let idx = fs.path().join("index.erofs");
+    build_tar(&[&"--tar-index", &"--tar", &plain], &idx, None);
+    let idx_len = std::fs::metadata(&idx).expect("stat").len();
+    assert!(
+        idx_len < 2 << 20,
+        "index image of {idx_len} bytes holds data"
+    );
+    let loopdev = run_cmd(
+        Command::new("losetup")
+            .args(["-f", "--show", "-r"])
+            .arg(&plain),
+    );
+    let loopdev = loopdev.trim().to_string();
+    let result = std::panic::catch_unwind(|| {
+        let m = scratch("index-mnt");
+        run_cmd(
+            Command::new("mount")
+                .args(["-t", "erofs", "-o"])
+                .arg(format!("ro,loop,device={loopdev}"))
+                .arg(&idx)
+                .arg(m.path()),
+        );
+        let r = std::panic::catch_unwind(|| assert_same_tree(&tree, m.path()));
+        let _ = Command::new("umount").arg(m.path()).status();
+        if let Err(e) = r {
+            std::panic::resume_unwind(e);
+        }
+    });
+    let _ = Command::new("losetup").arg("-d").arg(&loopdev).status();
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+    let both = fs.path().join("index+tar.img");
+    let mut joined = std::fs::read(&idx).expect("read index");
+    joined.extend_from_slice(&std::fs::read(&plain).expect("read tar"));
+    std::fs::write(&both, joined).expect("write");
+    {
+        let m = Mount::erofs(&both);
+        assert_same_tree(&tree, m.path());
+    }
+    std::fs::remove_file(&both).ok();
     // The same zstd stream on stdin (spooled) gives the same image.
     let img2 = fs.path().join("stdin.erofs");
     build_tar(&[&"--tar", &"-"], &img2, Some(&tar));
@@ -625,4 +676,50 @@ fn hostile_tars_fail_naming_the_entry_and_leave_nothing() {
     }
     build_tar(&[&"--tar", &good], &img, None);
     assert_eq!(cat(&img, "f2"), "B".repeat(3000));
+}
+
+#[test]
+fn tar_index_mode_refuses_what_it_cannot_point_at() {
+    let d = scratch("tar-index");
+    let dir = d.path();
+    let t = dir.join("a.tar");
+    py_tar(&t, "USTAR_FORMAT", "f('f', b'x' * 1000)");
+    let sparse_dir = dir.join("sp");
+    std::fs::create_dir(&sparse_dir).expect("mkdir");
+    let f = std::fs::File::create(sparse_dir.join("holes")).expect("create");
+    f.set_len(1 << 20).expect("truncate");
+    drop(f);
+    std::fs::write(sparse_dir.join("data"), b"data").expect("write");
+    let sp = dir.join("sparse.tar");
+    gnu_tar(&sparse_dir, &sp, &["--format=posix", "--sparse"]);
+    let gz = dir.join("a.tar.gz");
+    run_cmd(Command::new("sh").arg("-c").arg(format!(
+        "gzip -c {} > {}",
+        t.display(),
+        gz.display()
+    )));
+    let img = dir.join("out.erofs");
+    let cases: [(Vec<&dyn AsRef<std::ffi::OsStr>>, &str); 4] = [
+        (vec![&"--tar-index", &"--tar", &gz], "uncompressed tar"),
+        (
+            vec![&"--tar-index", &"-b", &"4096", &"--tar", &t],
+            "512-byte blocks",
+        ),
+        (vec![&"--tar-index", &"--tar", &sp], "sparse file"),
+        (vec![&"--tar-index", &"--tar", &t, &"--tar", &t], "one tar"),
+    ];
+    for (args, want) in cases {
+        let mut all: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"build", &"-q"];
+        all.extend(args);
+        all.push(&img);
+        let out = run(&all);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(want), "{want}: {err}");
+        assert!(!img.exists());
+    }
+    // What it can point at: an index image of 512-byte blocks, no data in it.
+    build_tar(&[&"--tar-index", &"--tar", &t], &img, None);
+    let v = json(&ok(&[&"inspect", &"--json", &img]));
+    assert_eq!(v["block_size"], 512, "{v}");
+    assert!(std::fs::metadata(&img).expect("stat").len() < 4096);
 }

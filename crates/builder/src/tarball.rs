@@ -741,7 +741,6 @@ fn parse(a: &mut Arena, r: &mut TarStream, sink: &mut Sink, layer: usize) -> Res
         }
         let typ = hdr[156];
         let posix = &hdr[257..263] == b"ustar\0";
-        let gnu = &hdr[257..265] == b"ustar  \0";
         let field = |r: std::ops::Range<usize>, what: &str| -> Result<i64> {
             num(&hdr[r]).ok_or_else(|| bad(format!("{what} field is not a number")))
         };
@@ -772,7 +771,7 @@ fn parse(a: &mut Arena, r: &mut TarStream, sink: &mut Sink, layer: usize) -> Res
                         target.apply(recs).map_err(bad)?;
                     }
                 }
-                have_ext = typ != b'g';
+                have_ext |= typ != b'g';
                 continue;
             }
             _ => {}
@@ -820,7 +819,7 @@ fn parse(a: &mut Arena, r: &mut TarStream, sink: &mut Sink, layer: usize) -> Res
             Some(t) => t,
             None => (field(136..148, "mtime")?, 0),
         };
-        let size = ext.size.or(global.size).unwrap_or(hsize);
+        let size = ext.size.unwrap_or(hsize);
         let link = match &ext.link {
             Some(l) => l.clone(),
             None => cstr(&hdr[157..257]).to_vec(),
@@ -874,8 +873,13 @@ fn parse(a: &mut Arena, r: &mut TarStream, sink: &mut Sink, layer: usize) -> Res
                 if typ == b'S' || pax_sparse {
                     let (segs, real) =
                         read_sparse_map(r, &hdr, typ == b'S', &ext, size, &data_what, &ebad)?;
-                    let consumed = r.pos - data_at;
-                    let stored: u64 = segs.iter().map(|s| s.1).sum();
+                    // GNU `S` extension blocks come before the data and are not in its
+                    // size; a PAX 1.0 map is at the start of the data.
+                    let consumed = if typ == b'S' { 0 } else { r.pos - data_at };
+                    let stored = segs
+                        .iter()
+                        .try_fold(0u64, |a, s| a.checked_add(s.1))
+                        .ok_or_else(|| ebad("sparse map sizes overflow".into()))?;
                     if stored > size.saturating_sub(consumed) {
                         return Err(ebad(format!(
                             "sparse map holds {stored} bytes of data, the entry {}",
@@ -897,7 +901,7 @@ fn parse(a: &mut Arena, r: &mut TarStream, sink: &mut Sink, layer: usize) -> Res
                             at,
                         });
                     }
-                    let left = size - consumed - stored;
+                    let left = size.saturating_sub(consumed).saturating_sub(stored);
                     r.skip(left + pad512(size) - size, &data_what)?;
                     let file = sink_path(sink);
                     TKind::File {
@@ -970,7 +974,6 @@ fn parse(a: &mut Arena, r: &mut TarStream, sink: &mut Sink, layer: usize) -> Res
                 )))
             }
         };
-        let _ = gnu;
         let ftype = match &kind {
             TKind::Dir(_) => S_IFDIR,
             TKind::File { .. } => S_IFREG,
@@ -1145,7 +1148,7 @@ fn read_sparse_map(
         }
         return Ok((segs, real));
     }
-    if ext.sparse_map.len() % 2 != 0 {
+    if !ext.sparse_map.len().is_multiple_of(2) {
         return Err(ebad("PAX sparse map with an odd count".into()));
     }
     for p in ext.sparse_map.chunks(2) {

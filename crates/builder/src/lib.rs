@@ -9,7 +9,8 @@
 //! ```text
 //! stage                                                  module hands on
 //! 1 scan: the input's inodes, metadata only, hardlinks   scan   Tree
-//!   merged
+//!   merged (a directory: `scan`; tar streams and layer     tarball
+//!   stacks: `tarball`); each file's bytes are a `Source`   source
 //! 2 plan: times, inode versions, xattrs, dir contents,   plan   Plan
 //!   inline decisions, block 0's size
 //! 3 data placement: file contents to the data region,    place  Placed (a Layout per file)

@@ -1,4 +1,4 @@
-//! Stage 1, scan: an input (a directory now; tar and SquashFS later) becomes a [`Tree`]
+//! Stage 1, scan: an input (a directory here; tar streams in `tarball`) becomes a [`Tree`]
 //! of metadata only. Inodes are numbered in the order mkfs.erofs uses — the root, then
 //! for each directory in depth-first pre-order, all of its entries in name order — and
 //! hardlinks (same device and inode number) share one inode.

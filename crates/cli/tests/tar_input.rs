@@ -484,6 +484,39 @@ fn aufs_layers_match_mkfs_erofs_and_a_flattened_stack_matches_overlayfs() {
         "{v}"
     );
     drop(mounts);
+    // --ovlfs-strip on a directory (the tree's overlay/ holds a whiteout and an opaque
+    // directory): as mkfs.erofs 1.9.3 strips them.
+    let sd = d.join("strip-dir.erofs");
+    build(&tree, &sd, &["--ovlfs-strip", "-z", "lz4"]);
+    let ls = ok(&[&"ls", &sd, &"overlay"]);
+    assert!(
+        !ls.contains("whiteout") && ls.contains("opaque-dir"),
+        "{ls}"
+    );
+    let v = json(&ok(&[&"stat", &"--json", &sd, &"overlay/opaque-dir"]));
+    assert_eq!(v["xattrs"], serde_json::json!([]), "{v}");
+    if let Some(m) = &mkfs {
+        let theirs = d.join("strip-dir-mkfs.erofs");
+        run_cmd(
+            Command::new(m)
+                .args(["--quiet", "--ovlfs-strip=1", "-zlz4"])
+                .arg(&theirs)
+                .arg(&tree),
+        );
+        let (a, b) = (Mount::erofs(&theirs), Mount::erofs(&sd));
+        let out = Command::new("python3")
+            .arg(shared_dir().join("testdata/treecmp.py"))
+            .arg("--mtime-sec")
+            .arg(a.path())
+            .arg(b.path())
+            .output()
+            .expect("treecmp");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.trim_end().ends_with(" 0 differences"),
+            "--ovlfs-strip on a directory:\n{text}"
+        );
+    }
 }
 
 /// Archives written by Python's tarfile: (name, python statements using `t`, a

@@ -152,7 +152,14 @@ pub fn scan_tars(inputs: &[TarInput], spool_dir: &Path, opts: &BuildOptions) -> 
     let mut spools = Vec::new();
     let mut tar_len = 0;
     for (layer, input) in inputs.iter().enumerate() {
-        let (s, len) = read_layer(&mut a, input, layer, spool_dir, opts.tar_index)?;
+        let (s, len) = read_layer(
+            &mut a,
+            input,
+            layer,
+            spool_dir,
+            opts.tar_index,
+            &opts.progress,
+        )?;
         spools.extend(s);
         tar_len = len;
     }
@@ -197,6 +204,7 @@ fn read_layer(
     layer: usize,
     spool_dir: &Path,
     index: bool,
+    progress: &Option<Arc<crate::Progress>>,
 ) -> Result<(Option<tempfile::NamedTempFile>, u64)> {
     let shown = input.shown();
     let peek = |b: &mut dyn BufRead| -> Result<Vec<u8>> {
@@ -259,6 +267,7 @@ fn read_layer(
     };
     let mut r = TarStream {
         r: stream,
+        progress: progress.clone(),
         pos: 0,
         shown: shown.clone(),
         comp,
@@ -289,6 +298,8 @@ enum In {
 
 struct TarStream {
     r: In,
+    /// The CLI's progress: bytes of the tar scanned.
+    progress: Option<Arc<crate::Progress>>,
     /// Bytes of the (uncompressed) tar consumed.
     pos: u64,
     shown: PathBuf,
@@ -321,6 +332,9 @@ impl TarStream {
             }
         }
         self.pos += n as u64;
+        if let Some(p) = &self.progress {
+            p.add_scanned(n as u64);
+        }
         Ok(n)
     }
 
@@ -359,6 +373,9 @@ impl TarStream {
             };
             f.seek_relative(n as i64)
                 .map_err(io_err(&self.shown, "tar: seek"))?;
+            if let Some(p) = &self.progress {
+                p.add_scanned(n);
+            }
             self.pos = end;
             return Ok(());
         }

@@ -786,3 +786,50 @@ fn gnu_sparse_maps_longer_than_the_header_holds() {
         assert_eq!(layout(&img, "many"), "chunk-based", "{fmt}");
     }
 }
+
+#[test]
+fn a_streamed_archive_is_spooled_not_held() {
+    // 256 MiB of file data on stdin: peak memory stays far below it (the contents go
+    // to a spool file beside the output), with and without compression.
+    let d = scratch("tar-stream");
+    let img = d.path().join("big.erofs");
+    for z in ["none", "lz4"] {
+        let gen = Command::new("python3")
+            .arg("-c")
+            .arg(
+                "import sys, tarfile\n\
+                 n = 256 << 20\n\
+                 ti = tarfile.TarInfo('big'); ti.size = n; ti.mtime = 1\n\
+                 out = sys.stdout.buffer\n\
+                 out.write(ti.tobuf(format=tarfile.USTAR_FORMAT))\n\
+                 blk = bytes(range(256)) * 4096\n\
+                 for i in range(n // len(blk)): out.write(blk)\n\
+                 out.write(b'\\0' * 1024)",
+            )
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("run python3");
+        let out = ferofs()
+            .args(["build", "--json", "-z", z, "--tar", "-"])
+            .arg(&img)
+            .stdin(gen.stdout.expect("pipe"))
+            .output()
+            .expect("run ferofs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v = json(&String::from_utf8_lossy(&out.stdout));
+        assert_eq!(v["bytes_in"], 256u64 << 20);
+        let rss = v["peak_rss_bytes"].as_u64().expect("peak_rss_bytes");
+        assert!(rss < 128 << 20, "-z {z}: peak RSS {rss} bytes");
+        let names: Vec<String> = std::fs::read_dir(d.path())
+            .expect("ls")
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["big.erofs"], "spool left behind");
+        std::fs::remove_file(&img).expect("rm");
+    }
+}

@@ -794,7 +794,7 @@ fn a_streamed_archive_is_spooled_not_held() {
     let d = scratch("tar-stream");
     let img = d.path().join("big.erofs");
     for z in ["none", "lz4"] {
-        let gen = Command::new("python3")
+        let mut gen = Command::new("python3")
             .arg("-c")
             .arg(
                 "import sys, tarfile\n\
@@ -812,9 +812,10 @@ fn a_streamed_archive_is_spooled_not_held() {
         let out = ferofs()
             .args(["build", "--json", "-z", z, "--tar", "-"])
             .arg(&img)
-            .stdin(gen.stdout.expect("pipe"))
+            .stdin(gen.stdout.take().expect("pipe"))
             .output()
             .expect("run ferofs");
+        assert!(gen.wait().expect("wait python3").success());
         assert!(
             out.status.success(),
             "{}",

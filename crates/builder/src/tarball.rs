@@ -1515,3 +1515,90 @@ pub fn strip_overlay(tree: &mut Tree) {
     }
     tree.root = new_id[tree.root];
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_octal_and_base256() {
+        assert_eq!(num(b"0000644\0"), Some(0o644));
+        assert_eq!(num(b"  755 \0"), Some(0o755));
+        assert_eq!(num(b"\0\0\0\0"), Some(0));
+        assert_eq!(num(b"0009\0"), None);
+        // base-256: 0x80 then big-endian; 0xff negative.
+        let mut f = [0u8; 8];
+        f[0] = 0x80;
+        f[4..].copy_from_slice(&3_000_000_000u32.to_be_bytes());
+        assert_eq!(num(&f), Some(3_000_000_000));
+        assert_eq!(num(&[0xff; 12]), Some(-1));
+        let mut big = [0xffu8; 12];
+        big[0] = 0x80;
+        assert_eq!(num(&big), None, "beyond i64");
+    }
+
+    #[test]
+    fn pax_times_and_records() {
+        assert_eq!(
+            pax_time(b"1700000000.123456789"),
+            Some((1700000000, 123456789))
+        );
+        assert_eq!(pax_time(b"5.5"), Some((5, 500_000_000)));
+        assert_eq!(pax_time(b"-1.25"), Some((-2, 750_000_000)));
+        assert_eq!(pax_time(b"-3"), Some((-3, 0)));
+        assert_eq!(pax_time(b"1.2x"), None);
+        let r = pax_records(b"18 path=a/b/c/d/e\n12 uid=1000\n").expect("records");
+        assert_eq!(r[0], (b"path".to_vec(), b"a/b/c/d/e".to_vec()));
+        assert_eq!(r[1], (b"uid".to_vec(), b"1000".to_vec()));
+        for bad in [
+            &b"99 path=x\n"[..],
+            b"5 a=b\n",
+            b"x path=y\n",
+            b"11 pathxyz\n",
+        ] {
+            assert!(
+                pax_records(bad).is_none(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn acl_text_to_xattr() {
+        let v = acl_xattr(
+            b"user::rwx\nuser:1000:r-x #effective:r--\ngroup::r--\nmask::r-x\nother::---\n",
+        )
+        .expect("acl");
+        let mut want = 2u32.to_le_bytes().to_vec();
+        for (t, p, id) in [
+            (1u16, 7u16, u32::MAX),
+            (2, 5, 1000),
+            (4, 4, u32::MAX),
+            (0x10, 5, u32::MAX),
+            (0x20, 0, u32::MAX),
+        ] {
+            want.extend_from_slice(&t.to_le_bytes());
+            want.extend_from_slice(&p.to_le_bytes());
+            want.extend_from_slice(&id.to_le_bytes());
+        }
+        assert_eq!(v, want);
+        assert!(acl_xattr(b"user:no-such-user-here:rwx").is_err());
+        assert!(acl_xattr(b"user::rwz").is_err());
+        assert!(acl_xattr(b"bogus::rwx").is_err());
+    }
+
+    #[test]
+    fn names_and_encodings() {
+        assert_eq!(components(b"/./a//b/").expect("ok"), [&b"a"[..], b"b"]);
+        assert!(components(b"a/../b").is_err());
+        assert!(components(&[b'x'; 256]).is_err());
+        assert_eq!(base64(b"bGliYXJjaGl2ZQ==").expect("b64"), b"libarchive");
+        assert_eq!(base64(b"YQ").expect("b64"), b"a");
+        assert!(base64(b"@@@@").is_none());
+        assert_eq!(percent_decode(b"user.a%40b%2"), b"user.a@b%2");
+        assert_eq!(detect(&[0x28, 0xb5, 0x2f, 0xfd, 0]), "zstd");
+        assert_eq!(detect(b"BZh9"), "bzip2");
+        assert_eq!(detect(b"./file"), "none");
+    }
+}

@@ -667,7 +667,26 @@ fn hostile_tars_fail_naming_the_entry_and_leave_nothing() {
     }
     let huge = w("huge.tar", &huge);
     let pax = w("pax.tar", &pax);
-    let cases: [(&Path, &[&str]); 6] = [
+    let mut flipped = bytes.clone();
+    flipped[512 + 5120 + 10] ^= 1; // f2's name
+    let badsum = w("badsum.tar", &flipped);
+    let odd = dir.join("odd.tar");
+    py_tar(
+        &odd,
+        "PAX_FORMAT",
+        "f('fine', b'1')\n\
+         ti = tarfile.TarInfo('longlink'); ti.type = tarfile.SYMTYPE; ti.linkname = 'x' * 5000; t.addfile(ti)",
+    );
+    let dev = dir.join("dev.tar");
+    py_tar(
+        &dev,
+        "USTAR_FORMAT",
+        "ti = tarfile.TarInfo('dev'); ti.type = tarfile.BLKTYPE; ti.devmajor = 4096; t.addfile(ti)",
+    );
+    let cases: [(&Path, &[&str]); 9] = [
+        (&badsum, &["bad header checksum", "tar byte 5632", "\"f1\""]),
+        (&odd, &["\"longlink\"", "symlink target of 5000 bytes"]),
+        (&dev, &["\"dev\"", "device number 4096:0"]),
         (&trav, &["a/../../evil", "\"..\""]),
         (&link, &["\"l\"", "nowhere"]),
         (

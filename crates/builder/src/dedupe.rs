@@ -33,7 +33,8 @@ fn hash(p: &Source, size: u64) -> Result<u128> {
     let f = p.open(size)?;
     let segs = segments(&f, size);
     let mut h = Xxh3::new();
-    let mut buf = vec![0u8; BUF];
+    // Sized to the file: most candidates are small.
+    let mut buf = vec![0u8; BUF.min(usize::try_from(size).unwrap_or(BUF))];
     for &(s, e) in &segs {
         h.update(&s.to_le_bytes());
         h.update(&e.to_le_bytes());
@@ -59,7 +60,8 @@ fn same(a: &Source, b: &Source, size: u64) -> Result<bool> {
     if segs != segments(&fb, size) {
         return Ok(false);
     }
-    let (mut x, mut y) = (vec![0u8; BUF], vec![0u8; BUF]);
+    let n = BUF.min(usize::try_from(size).unwrap_or(BUF));
+    let (mut x, mut y) = (vec![0u8; n], vec![0u8; n]);
     for &(s, e) in &segs {
         let mut at = s;
         // Bounded: each pass compares up to BUF bytes of the segment.

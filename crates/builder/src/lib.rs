@@ -50,6 +50,7 @@ mod sb;
 pub mod scan;
 pub mod source;
 pub mod tarball;
+mod shift;
 mod write;
 pub mod xattrs;
 pub mod zdata;

@@ -12,6 +12,7 @@ use crate::data::{DataWriter, FileData};
 use crate::frag::FragStore;
 use crate::options::*;
 use crate::out::Out;
+use crate::shift;
 use crate::source::Source;
 use ferofs_compress::probe::{Probe, CHUNK};
 use ferofs_compress::{new_compressor, CompressorSpec, FixedOutputCompressor};
@@ -153,6 +154,10 @@ struct Piece {
     /// For a fragment: what it compressed to when that is known, else its length (a
     /// bound for deciding whether the file shrinks).
     est: u64,
+    /// Shifted dedupe: the piece is a reference to a pcluster already written.
+    refer: Option<shift::Ref>,
+    /// Shifted dedupe: how to find this piece's data again once it is written.
+    sig: Option<shift::Sig>,
 }
 
 struct Job {
@@ -168,12 +173,16 @@ struct Job {
     /// The job ends the file.
     last: bool,
     frag: FragMode,
+    /// Shifted dedupe is on: hand back the segment's bytes and anchors.
+    shift: bool,
 }
 
 /// What a worker hands the committer for one job.
 struct SegOut {
     pieces: Vec<Piece>,
     raw: Option<Vec<u8>>,
+    /// Shifted dedupe: the segment's bytes and anchors.
+    shift: Option<(Vec<u8>, shift::Anchors)>,
     /// Input bytes handed to the compressor.
     fed: u64,
 }
@@ -225,11 +234,43 @@ fn compress_segment(
                 bytes: data,
                 plain: false,
                 frag: true,
+                refer: None,
+                sig: None,
             }],
             raw: None,
+            shift: None,
             fed: 0,
         });
     }
+    let (pieces, fed) = compress_data(job, &data, comps, dst, c, bs)?;
+    if job.shift {
+        let anchors = shift::anchors(&data);
+        return Ok(SegOut {
+            pieces,
+            raw: None,
+            shift: Some((data, anchors)),
+            fed,
+        });
+    }
+    Ok(SegOut {
+        pieces,
+        raw: job.whole.then_some(data),
+        shift: None,
+        fed,
+    })
+}
+
+/// The pieces of `data`, the bytes `[job.start, job.end)` of a file, and the input
+/// bytes handed to the compressor.
+fn compress_data(
+    job: &Job,
+    data: &[u8],
+    comps: &mut Codecs,
+    dst: &mut Vec<u8>,
+    c: &Compression,
+    bs: u64,
+) -> Result<(Vec<Piece>, u64)> {
+    let len = data.len();
     let key = (job.alg, job.pcluster);
     if let std::collections::hash_map::Entry::Vacant(e) = comps.entry(key) {
         let spec = &c.algorithms[job.alg];
@@ -261,6 +302,8 @@ fn compress_segment(
                 plain: true,
                 frag: false,
                 est: 0,
+                refer: None,
+                sig: None,
             });
         }
     };
@@ -282,6 +325,8 @@ fn compress_segment(
                 plain: false,
                 frag: true,
                 est: (len - pos) as u64,
+                refer: None,
+                sig: None,
             });
             fed -= (len - pos) as u64;
             break;
@@ -293,6 +338,8 @@ fn compress_segment(
                 plain: true,
                 frag: false,
                 est: 0,
+                refer: None,
+                sig: None,
             });
             fed -= (len - pos) as u64;
             break;
@@ -320,7 +367,23 @@ fn compress_segment(
             continue;
         }
         let src = &data[pos..len.min(pos + MAX_EXTENT_INPUT)];
-        let (consumed, written) = comp.compress_destsize(src, dst);
+        let (mut consumed, mut written) = comp.compress_destsize(src, dst);
+        let bu = bsz;
+        if job.last
+            && c.ztailpacking
+            && !frag_tail
+            && pos + consumed == len
+            && written > bu
+            && written % bu != 0
+        {
+            // The end of the file would leave its last block part empty: fill whole
+            // blocks instead and leave the rest to an inline tail (mkfs.erofs does the
+            // same). If that tail does not fit inline it takes the block saved here.
+            let (c2, w2) = comp.compress_destsize(src, &mut dst[..written / bu * bu]);
+            if c2 > 0 && w2 > 0 && c2 < consumed && (len - pos - c2) as u64 > 0 {
+                (consumed, written) = (c2, w2);
+            }
+        }
         let stored = (written as u64).div_ceil(bs) * bs;
         if frag_tail && pos + consumed == len && written < job.pcluster as usize {
             // The rest of the file compresses into a pcluster it does not fill: it
@@ -331,16 +394,24 @@ fn compress_segment(
                 plain: false,
                 frag: true,
                 est: written as u64,
+                refer: None,
+                sig: None,
             });
             break;
         }
-        if consumed > 0 && written > 0 && stored < consumed as u64 {
+        // With ztailpacking, a compressed end of file shorter than a block may go
+        // inline behind the inode even when it saves no block (finish_file decides).
+        let may_inline =
+            job.last && c.ztailpacking && pos + consumed == len && (written as u64) < bs;
+        if consumed > 0 && written > 0 && (stored < consumed as u64 || may_inline) {
             pieces.push(Piece {
                 lstart: job.start + pos as u64,
                 bytes: dst[..written].to_vec(),
                 plain: false,
                 frag: false,
                 est: 0,
+                refer: None,
+                sig: None,
             });
             pos += consumed;
         } else {
@@ -355,11 +426,371 @@ fn compress_segment(
             pos += n;
         }
     }
-    Ok(SegOut {
-        pieces,
-        raw: job.whole.then_some(data),
-        fed,
+    Ok((pieces, fed))
+}
+
+/// The committer's codecs, for compressing stretches again around shifted matches.
+struct Recompress<'a> {
+    comps: &'a mut Codecs,
+    dst: &'a mut Vec<u8>,
+    c: &'a Compression,
+    bs: u64,
+}
+
+impl Recompress<'_> {
+    /// The pieces of `data`, the file's bytes from `start`, compressed on their own.
+    fn pieces(&mut self, job: &Job, data: &[u8], start: u64) -> Result<Vec<Piece>> {
+        let sub = Job {
+            file: job.file,
+            src: job.src.clone(),
+            start,
+            end: start + data.len() as u64,
+            alg: job.alg,
+            pcluster: job.pcluster,
+            whole: false,
+            last: false,
+            frag: FragMode::None,
+            shift: false,
+        };
+        Ok(compress_data(&sub, data, self.comps, self.dst, self.c, self.bs)?.0)
+    }
+
+    /// `data` as one compressed piece, when it fits one pcluster: a stretch that does
+    /// not compress then still takes one extent (with about the blocks it takes raw),
+    /// where one block a piece would put two extent heads in one lcluster.
+    fn one_piece(&mut self, job: &Job, data: &[u8], start: u64) -> Result<Option<Piece>> {
+        let key = (job.alg, job.pcluster);
+        let (comp, _) = match self.comps.get_mut(&key) {
+            Some(c) => c,
+            None => return Ok(None),
+        };
+        comp.begin_stream();
+        let cap = job.pcluster as usize;
+        if self.dst.len() < cap {
+            self.dst.resize(cap, 0);
+        }
+        let (consumed, written) = comp.compress_destsize(data, &mut self.dst[..cap]);
+        if consumed != data.len() || written == 0 {
+            return Ok(None);
+        }
+        Ok(Some(Piece {
+            lstart: start,
+            bytes: self.dst[..written].to_vec(),
+            plain: false,
+            frag: false,
+            est: 0,
+            refer: None,
+            sig: None,
+        }))
+    }
+}
+
+/// Blocks a piece writes.
+fn piece_blocks(p: &Piece, bs: u64) -> u64 {
+    if p.refer.is_some() || p.frag {
+        0
+    } else if p.plain {
+        1
+    } else {
+        (p.bytes.len() as u64).div_ceil(bs)
+    }
+}
+
+/// Can `run` (pieces in order, the next extent starting at `next`) be described by
+/// lcluster indexes? Every extent starts in an lcluster of its own, and one whose
+/// pcluster has several blocks spans a NONHEAD lcluster (which holds the block count).
+fn heads_ok(run: &[Piece], next: u64, bits: u8) -> bool {
+    run.iter().enumerate().all(|(i, q)| {
+        let to = run.get(i + 1).map_or(next, |n| n.lstart);
+        let (a, b) = (q.lstart >> bits, to >> bits);
+        let blocks = q
+            .refer
+            .map_or(piece_blocks(q, 1 << bits), |r| u64::from(r.blocks));
+        b > a && (blocks <= 1 || b >= a + 2)
     })
+}
+
+/// Matches against earlier pieces of the same segment: original piece `k` (signed
+/// `sg`) and its successors, compared in memory. Every target ends before the match
+/// starts, so it is written unchanged before the references to it.
+#[allow(clippy::too_many_arguments)]
+fn local_chain(
+    slots: &[Option<Piece>],
+    starts: &[usize],
+    n: usize,
+    k: usize,
+    sg: shift::Sig,
+    data: &[u8],
+    base: u64,
+    q: usize,
+    from: usize,
+    limit: usize,
+    bs: u64,
+    min_len: &dyn Fn(u16) -> usize,
+) -> Vec<shift::Match> {
+    let bs_blocks = |p: &Piece| -> u16 { u16::try_from(piece_blocks(p, bs)).unwrap_or(u16::MAX) };
+    let mut chain = Vec::new();
+    let Some(start) = q.checked_sub(sg.anchor_off as usize) else {
+        return chain;
+    };
+    let end_of = |k: usize| starts.get(k + 1).copied().unwrap_or(n);
+    if start < from || start >= limit {
+        return chain;
+    }
+    let pre = shift::PRE.min(sg.len as usize);
+    if start + pre > limit || xxhash_rust::xxh3::xxh3_64(&data[start..start + pre]) != sg.pre {
+        return chain;
+    }
+    let mut pos = start;
+    let mut j = k;
+    // Bounded: each pass moves to the next piece or stops.
+    while let Some(Some(t)) = slots.get(j) {
+        let (ts, te) = (starts[j], end_of(j));
+        if t.frag || te > start {
+            break;
+        }
+        let want = (te - ts).min(limit - pos);
+        let same = data[pos..pos + want]
+            .iter()
+            .zip(&data[ts..ts + want])
+            .take_while(|(a, b)| a == b)
+            .count();
+        // `blocks` here only sizes the NONHEAD rule; the writer fills in the real one.
+        let blocks = bs_blocks(t);
+        if same < min_len(blocks) {
+            break;
+        }
+        chain.push(shift::Match {
+            start: base + pos as u64,
+            len: same as u64,
+            pcl: shift::Ref {
+                blkaddr: 0,
+                blocks,
+                plain: t.plain,
+                partial: same < te - ts,
+                local: Some(j),
+            },
+        });
+        pos += same;
+        if same < te - ts {
+            break;
+        }
+        j += 1;
+    }
+    chain
+}
+
+/// Shifted dedupe of one segment (see `shift`): its pieces with matched stretches
+/// turned into references, each piece signed for later matches.
+#[allow(clippy::too_many_arguments)]
+fn rework(
+    job: &Job,
+    pieces: Vec<Piece>,
+    data: &[u8],
+    anchors: &[(u32, u64)],
+    m: &PclMap,
+    p: &Pending,
+    files: &[FileReq],
+    re: &mut Recompress,
+) -> Result<Vec<Piece>> {
+    let bs = re.bs;
+    let bits = bs.trailing_zeros() as u8;
+    let base = job.start;
+    let n = data.len();
+    let starts: Vec<usize> = pieces.iter().map(|q| (q.lstart - base) as usize).collect();
+    let end_of = |k: usize| starts.get(k + 1).copied().unwrap_or(n);
+    // Matches keep clear of fragments and of a file's last piece (it may go inline).
+    let limit = match pieces.iter().position(|q| q.frag) {
+        Some(k) => starts[k],
+        None if job.last => starts.last().copied().unwrap_or(0),
+        None => n,
+    };
+    let min_len = |blocks: u16| {
+        if blocks > 1 {
+            2 * bs as usize
+        } else {
+            bs as usize
+        }
+    };
+    let mut ver = shift::Verifier::new(files);
+    // Earlier pieces of this segment, by their first anchor (repeats inside a file).
+    let mut local: HashMap<u64, (usize, shift::Sig)> = HashMap::new();
+    for k in 0..pieces.len() {
+        let q = &pieces[k];
+        if !q.frag && end_of(k) <= limit {
+            if let Some(sg) = shift::sig(data, anchors, starts[k], end_of(k) - starts[k]) {
+                local.entry(sg.anchor).or_insert((k, sg));
+            }
+        }
+    }
+    let mut slots: Vec<Option<Piece>> = pieces.into_iter().map(Some).collect();
+    let mut out: Vec<Piece> = Vec::with_capacity(slots.len());
+    // Where each original piece went in `out`.
+    let mut pos_of: Vec<Option<usize>> = vec![None; slots.len()];
+    // Pieces before `next` are in `out`.
+    let mut next = 0usize;
+    let mut shared = p.shared;
+    for &(q, h) in anchors {
+        let q = q as usize;
+        if q >= limit {
+            break;
+        }
+        let from = starts.get(next).copied().unwrap_or(n);
+        if q < from {
+            continue;
+        }
+        let mut chain = shift::find(
+            &m.shift, &mut ver, data, base, q, h, from, limit, p.alg, &min_len,
+        )?;
+        if chain.is_empty() {
+            if let Some(&(k, sg)) = local.get(&h) {
+                chain = local_chain(
+                    &slots, &starts, n, k, sg, data, base, q, from, limit, bs, &min_len,
+                );
+            }
+        }
+        if chain.is_empty() {
+            continue;
+        }
+        let mut chosen = None;
+        // The bytes around the match are compressed again up to the neighbouring piece
+        // boundaries. Where data does not compress, one block a piece can put two
+        // extent heads in one lcluster (the format allows one); then try, in turn:
+        // each side as one compressed piece, the last reference shortened so the bytes
+        // after it fill whole blocks, the stretch widened by a piece on either side,
+        // and the match started one reference later.
+        'variants: for (drop, trim) in [(0usize, false), (0, true), (1, false), (1, true)] {
+            let chv: Vec<shift::Match> = chain.iter().skip(drop).copied().collect();
+            let (Some(first), Some(last)) = (chv.first(), chv.last()) else {
+                break;
+            };
+            let s = (first.start - base) as usize;
+            let e0 = (last.start + last.len - base) as usize;
+            // The pieces the match overlaps: a..=b.
+            let a = starts.partition_point(|&x| x <= s).saturating_sub(1);
+            let b = starts.partition_point(|&x| x < e0).saturating_sub(1);
+            if a < next || b < a {
+                break;
+            }
+            for back in 0..=1usize {
+                let Some(a2) = a.checked_sub(back) else {
+                    break;
+                };
+                // Local targets must lie before every piece the match replaces.
+                if a2 < next || chv.iter().filter_map(|m| m.pcl.local).any(|k| k >= a2) {
+                    break;
+                }
+                for fwd in 0..=1usize {
+                    let b2 = b + fwd;
+                    if b2 >= starts.len() || end_of(b2) > limit {
+                        break;
+                    }
+                    let (sa, eb) = (starts[a2], end_of(b2));
+                    let mut ch = chv.clone();
+                    let mut e = e0;
+                    if trim {
+                        // Bounded: each pass shortens or drops the last reference.
+                        while let Some(l) = ch.last_mut() {
+                            let cut = ((bs - (eb - e) as u64 % bs) % bs) as usize;
+                            if cut == 0 {
+                                break;
+                            }
+                            if (l.len as usize).saturating_sub(cut) >= min_len(l.pcl.blocks) {
+                                l.len -= cut as u64;
+                                l.pcl.partial = true;
+                                e -= cut;
+                                break;
+                            }
+                            e = (l.start - base) as usize;
+                            ch.pop();
+                        }
+                        if ch.is_empty() {
+                            continue 'variants;
+                        }
+                    }
+                    let old: u64 = slots[a2..=b2]
+                        .iter()
+                        .flatten()
+                        .map(|q| piece_blocks(q, bs))
+                        .sum();
+                    // Each side as the codec cuts it, or else as one compressed piece.
+                    for single in 0..4u8 {
+                        let side = |re: &mut Recompress, one: bool, from: usize, to: usize| {
+                            if from >= to {
+                                Ok(Some(Vec::new()))
+                            } else if one {
+                                let at = base + from as u64;
+                                Ok(re.one_piece(job, &data[from..to], at)?.map(|q| vec![q]))
+                            } else {
+                                re.pieces(job, &data[from..to], base + from as u64)
+                                    .map(Some)
+                            }
+                        };
+                        let (Some(mut run), Some(post)) = (
+                            side(re, single & 1 != 0, sa, s)?,
+                            side(re, single & 2 != 0, e, eb)?,
+                        ) else {
+                            continue;
+                        };
+                        run.extend(ch.iter().map(|mt| Piece {
+                            lstart: mt.start,
+                            bytes: Vec::new(),
+                            plain: mt.pcl.plain,
+                            frag: false,
+                            est: 0,
+                            refer: Some(mt.pcl),
+                            sig: None,
+                        }));
+                        run.extend(post);
+                        let new: u64 = run.iter().map(|q| piece_blocks(q, bs)).sum();
+                        let worth = new < old
+                            && (shared || (old - new) * bs > full_index_extra(p.lclusters));
+                        if worth && heads_ok(&run, base + eb as u64, bits) {
+                            chosen = Some((a2, b2, run));
+                            break 'variants;
+                        }
+                        if !worth && single == 0 {
+                            continue 'variants;
+                        }
+                    }
+                }
+            }
+        }
+        let Some((a, b, mut run)) = chosen else {
+            continue;
+        };
+        for k in next..a {
+            if let Some(q) = slots[k].take() {
+                pos_of[k] = Some(out.len());
+                out.push(q);
+            }
+        }
+        for q in run.iter_mut() {
+            if let Some(r) = q.refer.as_mut() {
+                // Local targets lie before the match: they are in `out` now.
+                if let Some(k) = r.local {
+                    r.local = pos_of[k];
+                    if r.local.is_none() {
+                        return Err(BuildError::Options("internal: local dedupe target".into()));
+                    }
+                }
+            }
+        }
+        out.extend(run);
+        next = b + 1;
+        shared = true;
+    }
+    let k = next.min(slots.len());
+    out.extend(slots[k..].iter_mut().filter_map(Option::take));
+    // Sign what will be written, so later data can match it.
+    for i in 0..out.len() {
+        let s = (out[i].lstart - base) as usize;
+        let e = out.get(i + 1).map_or(n, |q| (q.lstart - base) as usize);
+        if out[i].refer.is_none() && !out[i].frag {
+            out[i].sig = shift::sig(data, anchors, s, e - s);
+        }
+    }
+    Ok(out)
 }
 
 /// Per-file commit state.
@@ -382,6 +813,10 @@ struct Pending {
     potential: u64,
     /// Pcluster table entries this file added.
     inserted: Vec<PclKey>,
+    /// The file's index in the stage's list.
+    file: usize,
+    /// Shifted-dedupe index entries this file added.
+    shift_ids: Vec<u32>,
 }
 
 /// What the committer needs to know about each file to decide on inlining.
@@ -428,6 +863,7 @@ pub fn store_all(
             .map(|f| !f.skip && f.src.open(f.size).ok().and_then(|h| h.segments()).is_some())
             .collect()
     });
+    let shift_on = pcl.is_some();
     let mut jobs = Vec::new();
     for (fi, f) in files.iter().enumerate() {
         // A file of at most one block cannot shrink unless its compressed form goes
@@ -460,6 +896,9 @@ pub fn store_all(
                 whole: s == 0 && e == f.size,
                 last: e == f.size,
                 frag,
+                // Shifted matches need a few blocks on each side: small files are
+                // left to whole-file and pcluster dedupe.
+                shift: shift_on && f.size >= shift::MIN_FILE,
             });
             s = e;
         }
@@ -469,6 +908,9 @@ pub fn store_all(
     // Files before `done_upto` are committed.
     let mut done_upto = 0usize;
     let mut fed = 0u64;
+    // Shifted dedupe compresses again on the committer: its own codecs.
+    let mut ccomps: Codecs = HashMap::new();
+    let mut cdst = Vec::new();
     // The committer (this thread) takes results strictly in job order while the
     // workers run ahead, at most `window` input bytes past the last committed job.
     let mut commit = |job: &Job, seg: SegOut| -> Result<()> {
@@ -508,6 +950,8 @@ pub fn store_all(
                     reused: 0,
                     potential: 0,
                     inserted: Vec::new(),
+                    file: job.file,
+                    shift_ids: Vec::new(),
                 },
             ));
             if job.frag == FragMode::Whole {
@@ -530,12 +974,46 @@ pub fn store_all(
             }
             return Ok(());
         }
-        for piece in seg.pieces {
+        let mut pieces = seg.pieces;
+        if let (Some((data, anchors)), Some(m)) = (seg.shift, pcl.as_deref_mut()) {
+            let mut re = Recompress {
+                comps: &mut ccomps,
+                dst: &mut cdst,
+                c,
+                bs,
+            };
+            pieces = rework(job, pieces, &data, &anchors, m, p, files, &mut re)?;
+            if job.whole {
+                p.raw = Some(data);
+            }
+        }
+        // Where this segment's pieces went (for references to earlier ones).
+        let mut addrs: Vec<Option<(u32, u16)>> = vec![None; pieces.len()];
+        // The segment's index of the piece held back in `p.last`, if it is one of them.
+        let mut held: Option<usize> = None;
+        for (i, mut piece) in pieces.into_iter().enumerate() {
             if let Some(prev) = p.last.take() {
                 let len = piece.lstart - prev.lstart;
-                write_piece(prev, len, p, out, bits, &mut next_blk, pcl.as_deref_mut())?;
+                let at = write_piece(prev, len, p, out, bits, &mut next_blk, pcl.as_deref_mut())?;
+                if let Some(k) = held {
+                    addrs[k] = Some(at);
+                }
+            }
+            if let Some(r) = piece.refer.as_mut() {
+                if let Some(k) = r.local.take() {
+                    let (a, b) = addrs.get(k).copied().flatten().ok_or_else(|| {
+                        BuildError::Options("internal: local dedupe target not written".into())
+                    })?;
+                    if b != r.blocks {
+                        return Err(BuildError::Options(
+                            "internal: local dedupe target changed size".into(),
+                        ));
+                    }
+                    r.blkaddr = a;
+                }
             }
             p.last = Some(piece);
+            held = Some(i);
         }
         Ok(())
     };
@@ -705,6 +1183,8 @@ fn store_raw(
 #[derive(Default)]
 pub struct PclMap {
     map: HashMap<PclKey, (u32, u16)>,
+    /// Written pclusters by their data, for shifted matches.
+    shift: shift::Index,
     /// Bytes of pclusters referenced instead of written.
     pub saved: u64,
 }
@@ -732,8 +1212,27 @@ fn write_piece(
     bits: u8,
     next_blk: &mut u64,
     pcl: Option<&mut PclMap>,
-) -> Result<()> {
+) -> Result<(u32, u16)> {
     let bs = 1u64 << bits;
+    if let Some(r) = piece.refer {
+        p.extents.push(ExtentDesc {
+            lstart: piece.lstart,
+            kind: if r.plain {
+                HeadKind::Plain
+            } else {
+                HeadKind::Head1
+            },
+            blkaddr: r.blkaddr,
+            blocks: r.blocks,
+            partial: r.partial,
+        });
+        p.shared = true;
+        p.reused += u64::from(r.blocks);
+        if let Some(m) = pcl {
+            m.saved += u64::from(r.blocks) * bs;
+        }
+        return Ok((r.blkaddr, r.blocks));
+    }
     let blocks = if piece.plain {
         1
     } else {
@@ -779,11 +1278,12 @@ fn write_piece(
                         kind,
                         blkaddr: at,
                         blocks: b,
+                        partial: false,
                     });
                     p.shared = true;
                     p.reused += blocks;
                     m.saved += blocks * bs;
-                    return Ok(());
+                    return Ok((at, b));
                 }
             }
             Some(_) => {}
@@ -794,6 +1294,17 @@ fn write_piece(
             m.map.insert(k, (blkaddr, blocks as u16));
             p.inserted.push(k);
         }
+        if let Some(sig) = piece.sig {
+            let written = shift::Ref {
+                blkaddr,
+                blocks: blocks as u16,
+                plain: piece.plain,
+                partial: false,
+                local: None,
+            };
+            let id = m.shift.insert(sig, p.file, piece.lstart, written, p.alg);
+            p.shift_ids.extend(id);
+        }
     }
     out.write_at(*next_blk << bits, &buf)?;
     p.extents.push(ExtentDesc {
@@ -801,11 +1312,12 @@ fn write_piece(
         kind,
         blkaddr,
         blocks: blocks as u16,
+        partial: false,
     });
     p.first_blk.get_or_insert(*next_blk);
     p.blocks += blocks;
     *next_blk += blocks;
-    Ok(())
+    Ok((blkaddr, blocks as u16))
 }
 
 /// Undo what a file rolled back to uncompressed put in the pcluster table: its
@@ -815,6 +1327,7 @@ fn forget(p: &Pending, pcl: Option<&mut PclMap>, bs: u64) {
         for k in &p.inserted {
             m.map.remove(k);
         }
+        m.shift.remove(&p.shift_ids);
         m.saved -= p.reused * bs;
     }
 }
@@ -877,6 +1390,7 @@ fn finish_file(
             },
             blkaddr,
             blocks: 0,
+            partial: false,
         });
         inline = Some((last.bytes, last.plain));
     } else {
@@ -974,6 +1488,7 @@ fn finish_with_fragment(
         kind: HeadKind::Head1,
         blkaddr,
         blocks: 0,
+        partial: false,
     });
     Ok(compressed(c, p, None, Some(id as u64)))
 }

@@ -490,6 +490,81 @@ fn files_sharing_a_prefix_share_its_pclusters_with_dedupe() {
     }
 }
 
+/// Data repeated at another offset (one file inside another, a shifted copy) is
+/// referenced, not stored again: the matched stretches point at the earlier file's
+/// pclusters (a partial reference where a match ends inside one), and the image costs
+/// about one copy.
+#[test]
+fn shifted_copies_share_pclusters_with_dedupe() {
+    let d = scratch("packed-shifted");
+    let src = d.path().join("src");
+    let alone = d.path().join("alone");
+    std::fs::create_dir(&src).expect("mkdir");
+    std::fs::create_dir(&alone).expect("mkdir");
+    let mut r = Rng(77);
+    let a = r.text(3 << 20);
+    // b: 777 random bytes, then most of a from an odd offset, then 300 KB random.
+    let mut b = r.random(777);
+    b.extend_from_slice(&a[100_001..2_500_000]);
+    let tail = r.random(300_000);
+    b.extend_from_slice(&tail);
+    // c: all of a behind 5,000 bytes of other text.
+    let mut c = r.text(5000);
+    c.extend_from_slice(&a);
+    std::fs::write(src.join("a"), &a).expect("write");
+    std::fs::write(src.join("b"), &b).expect("write");
+    std::fs::write(src.join("c"), &c).expect("write");
+    std::fs::write(alone.join("a"), &a).expect("write");
+    let phys = |img: &Path, p: &str| -> Vec<u64> {
+        let st = json(&ok(&[&"stat", &"--json", &img, &p]));
+        st["extents"]
+            .as_array()
+            .expect("extents")
+            .iter()
+            .filter_map(|e| e["physical"].as_u64())
+            .collect()
+    };
+    for (z, pcl) in [
+        ("lz4", "16384"),
+        ("lz4hc", "4096"),
+        ("zstd", "65536"),
+        ("lzma", "16384"),
+        ("deflate", "16384"),
+    ] {
+        let with = d.path().join("with.erofs");
+        build(&src, &with, &["-z", z, "-C", pcl, "-E", "dedupe"]);
+        let only_a = d.path().join("a.erofs");
+        build(&alone, &only_a, &["-z", z, "-C", pcl]);
+        let pa = phys(&with, "/a");
+        for f in ["/b", "/c"] {
+            let shared = phys(&with, f).iter().filter(|p| pa.contains(p)).count();
+            assert!(
+                shared * 2 >= pa.len(),
+                "{z} -C {pcl}: {f} shares {shared} of a's {} pclusters",
+                pa.len()
+            );
+        }
+        // One copy of a, b's 300 KB of random bytes (74 blocks) and a few pclusters
+        // compressed again around each match.
+        let extra = 74 + 24 * pcl.parse::<u64>().expect("pcl") / 4096 + 8;
+        let (w, one) = (image_blocks(&with), image_blocks(&only_a));
+        assert!(
+            w <= one + extra,
+            "{z} -C {pcl}: {w} blocks with dedupe, {one} for a alone (+{extra} allowed)"
+        );
+        // The dedupe bit is the fragments bit (0x20).
+        assert!(incompat(&with).iter().any(|f| f.contains("dedupe")), "{z}");
+        if kernel_available("shifted") {
+            let m = Mount::erofs(&with);
+            assert_same_tree(&src, m.path());
+        }
+        ok(&[&"check", &with]);
+        if fsck_knows(z) {
+            fsck_erofs(&with).unwrap_or_else(|e| panic!("{z}: fsck.erofs failed:\n{e}"));
+        }
+    }
+}
+
 #[test]
 fn huge_sparse_copies_dedupe_by_their_data_only() {
     let d = scratch("packed-sparse");

@@ -38,6 +38,9 @@ pub struct ExtentDesc {
     pub blkaddr: u32,
     /// Pcluster size in blocks (0 for an inline or fragment tail).
     pub blocks: u16,
+    /// The extent decodes only a prefix of its pcluster's data (dedupe of a shifted
+    /// match: Z_EROFS_LI_PARTIAL_REF; full indexes only).
+    pub partial: bool,
 }
 
 /// One lcluster entry, before packing.
@@ -47,6 +50,8 @@ pub enum Lcluster {
         kind: HeadKind,
         clusterofs: u16,
         blkaddr: u32,
+        /// Z_EROFS_LI_PARTIAL_REF (full indexes only).
+        partial: bool,
     },
     NonHead {
         /// Distance back to the head, or `D0_CBLKCNT | blocks` right after a head.
@@ -119,6 +124,7 @@ pub fn lcluster_entries(
                 kind: HeadKind::Plain,
                 blkaddr: running,
                 blocks: 1,
+                partial: false,
             };
             heads[last] = Some((s, (i_size & (lsz - 1)) as u16));
         }
@@ -131,6 +137,7 @@ pub fn lcluster_entries(
                 kind: e.kind,
                 clusterofs: cofs,
                 blkaddr: e.blkaddr,
+                partial: e.partial,
             });
             cur_head = Some((lcn, e));
             continue;
@@ -160,8 +167,10 @@ pub fn encode_full(entries: &[Lcluster]) -> Vec<u8> {
                 kind,
                 clusterofs,
                 blkaddr,
+                partial,
             } => FullIndex {
-                advise: u16::from(kind.lcluster_type()),
+                advise: u16::from(kind.lcluster_type())
+                    | if partial { FULL_PARTIAL_REF } else { 0 },
                 clusterofs,
                 u: blkaddr,
             },
@@ -240,6 +249,12 @@ fn pack(
     for (j, e) in ents.iter().enumerate() {
         let last = j == per - 1;
         let v: u32 = match *e {
+            Lcluster::Head { partial: true, .. } => {
+                // Compact indexes have no advise bits.
+                return Err(IndexError::BadExtents {
+                    index: first_lcn + j,
+                });
+            }
             Lcluster::Head {
                 kind, clusterofs, ..
             } => (u32::from(kind.lcluster_type()) << 12) | u32::from(clusterofs),
@@ -311,6 +326,7 @@ mod tests {
             kind: HeadKind::Head1,
             blkaddr: 106,
             blocks: 1,
+            partial: false,
         }];
         let ents = lcluster_entries(&ext, 10000, 12, true).expect("entries");
         assert_eq!(ents.len(), 3);
@@ -334,12 +350,14 @@ mod tests {
                 kind: HeadKind::Head1,
                 blkaddr: 50,
                 blocks: 2,
+                partial: false,
             },
             ExtentDesc {
                 lstart: 10000,
                 kind: HeadKind::Head1,
                 blkaddr: 52,
                 blocks: 1,
+                partial: false,
             },
         ];
         let ents = lcluster_entries(&ext, 20000, 12, true).expect("entries");
@@ -349,7 +367,8 @@ mod tests {
             Lcluster::Head {
                 kind: HeadKind::Head1,
                 clusterofs: 0,
-                blkaddr: 50
+                blkaddr: 50,
+                partial: false
             }
         );
         assert_eq!(
@@ -364,7 +383,8 @@ mod tests {
             Lcluster::Head {
                 kind: HeadKind::Head1,
                 clusterofs: 10000 - 8192,
-                blkaddr: 52
+                blkaddr: 52,
+                partial: false
             }
         );
         assert_eq!(
@@ -380,7 +400,8 @@ mod tests {
             Lcluster::Head {
                 kind: HeadKind::Plain,
                 clusterofs: 20000 - 16384,
-                blkaddr: 53
+                blkaddr: 53,
+                partial: false
             }
         );
         let full = encode_full(&ents);
@@ -396,12 +417,14 @@ mod tests {
                 kind: HeadKind::Head1,
                 blkaddr: 1,
                 blocks: 1,
+                partial: false,
             },
             ExtentDesc {
                 lstart: 100,
                 kind: HeadKind::Head1,
                 blkaddr: 2,
                 blocks: 1,
+                partial: false,
             },
         ];
         assert_eq!(

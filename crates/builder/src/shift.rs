@@ -28,9 +28,9 @@
 //! the thread count.
 
 use crate::options::{io_err, Result};
+use crate::source::Reader;
 use crate::zdata::FileReq;
 use std::collections::HashMap;
-use crate::source::Reader;
 
 /// Bytes hashed to filter a candidate before its source is read again.
 pub const PRE: usize = 4096;

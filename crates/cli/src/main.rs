@@ -2,6 +2,7 @@
 //! into validated options for the builder/reader libraries, and errors are printed once.
 
 mod build;
+mod compat;
 mod diff;
 mod export;
 mod extract;
@@ -101,7 +102,31 @@ fn unreachable_diff() -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Drop-in: run as `mkfs.erofs` (a symlink) or as `ferofs mkfs ...`, take
+    // mkfs.erofs's command line (see compat.rs).
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let prog = argv
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .and_then(|s| s.to_str())
+        .unwrap_or("");
+    let mkfs_args = if prog == "mkfs.erofs" {
+        Some(argv.get(1..).unwrap_or_default())
+    } else if argv.get(1).is_some_and(|a| a == "mkfs") {
+        Some(argv.get(2..).unwrap_or_default())
+    } else {
+        None
+    };
+    let cli = match mkfs_args {
+        Some(rest) => match compat::mkfs_to_build(rest) {
+            Ok(b) => Cli::parse_from(["ferofs".into(), "build".into()].into_iter().chain(b)),
+            Err(e) => {
+                eprintln!("{e:#}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => Cli::parse(),
+    };
     if let Cmd::Diff(a) = cli.cmd {
         // Like diff(1): 0 equal, 1 different, 2 trouble.
         return match diff::run(a) {

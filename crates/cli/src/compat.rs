@@ -354,3 +354,202 @@ mod tests {
         assert!(t(&["o", "a", "b"]).is_err());
     }
 }
+
+/// One parsed getopt-style argument: a long option (name, inline value), a short
+/// option with what follows it in the same argument, or a positional argument.
+enum Arg {
+    Long(String, Option<String>),
+    /// A short option and, for one that takes a value, the rest of its argument.
+    #[allow(dead_code)] // the value is read by no option ferofs implements yet (-d#)
+    Short(char, String),
+    Pos(OsString),
+}
+
+/// `with_value`: short options that take the rest of their argument as a value; the
+/// others may be grouped (`-sS`).
+fn split_args(args: &[OsString], with_value: &[char]) -> Vec<Arg> {
+    let mut v = Vec::new();
+    let mut rest = false;
+    for raw in args {
+        match raw.to_str() {
+            Some("--") if !rest => rest = true,
+            Some(a) if !rest && a.starts_with("--") => {
+                let long = &a[2..];
+                match long.split_once('=') {
+                    Some((n, val)) => v.push(Arg::Long(n.to_string(), Some(val.to_string()))),
+                    None => v.push(Arg::Long(long.to_string(), None)),
+                }
+            }
+            Some(a) if !rest && a.len() > 1 && a.starts_with('-') => {
+                let mut c = a[1..].chars();
+                // Bounded by the argument's length.
+                while let Some(opt) = c.next() {
+                    if with_value.contains(&opt) {
+                        v.push(Arg::Short(opt, c.collect()));
+                        break;
+                    }
+                    v.push(Arg::Short(opt, String::new()));
+                }
+            }
+            _ => v.push(Arg::Pos(raw.clone())),
+        }
+    }
+    v
+}
+
+fn one_image(prog: &str, pos: Vec<OsString>) -> Result<OsString> {
+    match <[OsString; 1]>::try_from(pos) {
+        Ok([img]) => Ok(img),
+        Err(_) => bail!("{prog}: expected one IMAGE"),
+    }
+}
+
+/// The `ferofs` command line (after the program name) for fsck.erofs's `args`:
+/// `check IMAGE`, or with `--extract=DIR`, `extract IMAGE DIR` (which reads and
+/// verifies every byte it writes).
+pub fn fsck_to_ferofs(args: &[OsString]) -> Result<Vec<OsString>> {
+    let mut pos = Vec::new();
+    let (mut extract, mut path) = (None::<String>, None::<String>);
+    let (mut overwrite, mut owner, mut xattrs) = (false, true, false);
+    for a in split_args(args, &['d']) {
+        match a {
+            Arg::Pos(p) => pos.push(p),
+            Arg::Short('d', _) | Arg::Short('a', _) | Arg::Short('A', _) | Arg::Short('y', _) => {}
+            Arg::Short('V', _) => return Ok(vec!["--version".into()]),
+            Arg::Short('h', _) => return Ok(vec!["check".into(), "--help".into()]),
+            Arg::Short(c, _) => bail!("fsck.erofs: option -{c} is not implemented by ferofs"),
+            Arg::Long(n, v) => match (n.as_str(), v) {
+                ("extract", v) => extract = Some(v.unwrap_or_default()),
+                ("path", Some(p)) => path = Some(p),
+                ("force", None) | ("preserve", None) | ("preserve-perms", None) => {}
+                ("no-preserve-perms", None) => {
+                    bail!("fsck.erofs: --no-preserve-perms is not implemented by ferofs")
+                }
+                ("overwrite", None) => overwrite = true,
+                ("preserve-owner", None) => owner = true,
+                ("no-preserve", None) | ("no-preserve-owner", None) => owner = false,
+                ("xattrs", None) => xattrs = true,
+                ("no-xattrs", None) => xattrs = false,
+                ("version", None) => return Ok(vec!["--version".into()]),
+                ("help", None) => return Ok(vec!["check".into(), "--help".into()]),
+                (n, _) => bail!("fsck.erofs: option --{n} is not implemented by ferofs"),
+            },
+        }
+    }
+    let image = one_image("fsck.erofs", pos)?;
+    match extract.filter(|d| !d.is_empty()) {
+        Some(dir) => {
+            let mut v: Vec<OsString> = vec!["extract".into(), image, dir.into()];
+            if let Some(p) = path {
+                v.extend(["--path".into(), p.into()]);
+            }
+            if overwrite {
+                v.push("--force".into());
+            }
+            if !owner {
+                v.push("--no-owner".into());
+            }
+            if !xattrs {
+                // fsck.erofs restores no xattrs unless asked.
+                v.push("--no-xattrs".into());
+            }
+            Ok(v)
+        }
+        None => {
+            if path.is_some() {
+                bail!("fsck.erofs: --path without --extract=DIR is not implemented by ferofs");
+            }
+            Ok(vec!["check".into(), image])
+        }
+    }
+}
+
+/// The `ferofs` command lines for dump.erofs's `args`: `-s`/`-S` show the superblock
+/// and counts (`inspect`), `--path=X` the inode (`stat`, with its extents), `--ls` its
+/// directory, `--cat` its contents.
+pub fn dump_to_ferofs(args: &[OsString]) -> Result<Vec<Vec<OsString>>> {
+    let mut pos = Vec::new();
+    let (mut sb, mut ls, mut cat, mut ext) = (false, false, false, false);
+    let mut path = None::<String>;
+    for a in split_args(args, &[]) {
+        match a {
+            Arg::Pos(p) => pos.push(p),
+            Arg::Short('s', _) | Arg::Short('S', _) => sb = true,
+            Arg::Short('e', _) => ext = true,
+            Arg::Short('V', _) => return Ok(vec![vec!["--version".into()]]),
+            Arg::Short('h', _) => return Ok(vec![vec!["inspect".into(), "--help".into()]]),
+            Arg::Short(c, _) => bail!("dump.erofs: option -{c} is not implemented by ferofs"),
+            Arg::Long(n, v) => match (n.as_str(), v) {
+                ("ls", None) => ls = true,
+                ("cat", None) => cat = true,
+                ("path", Some(p)) => path = Some(p),
+                ("version", None) => return Ok(vec![vec!["--version".into()]]),
+                ("help", None) => return Ok(vec![vec!["inspect".into(), "--help".into()]]),
+                (n, _) => bail!("dump.erofs: option --{n} is not implemented by ferofs"),
+            },
+        }
+    }
+    let image = one_image("dump.erofs", pos)?;
+    let mut cmds: Vec<Vec<OsString>> = Vec::new();
+    if sb || path.is_none() {
+        cmds.push(vec!["inspect".into(), image.clone()]);
+    }
+    if let Some(p) = path {
+        if ls {
+            cmds.push(vec!["ls".into(), image.clone(), p.clone().into()]);
+        } else if cat {
+            cmds.push(vec!["cat".into(), image.clone(), p.clone().into()]);
+        } else {
+            let _ = ext; // stat always shows the extents
+            cmds.push(vec!["stat".into(), image, p.into()]);
+        }
+    } else if ls || cat || ext {
+        bail!("dump.erofs: --ls, --cat and -e need --path=X (--nid is not implemented by ferofs)");
+    }
+    Ok(cmds)
+}
+
+#[cfg(test)]
+mod fsck_dump_tests {
+    use super::*;
+
+    fn os(a: &[&str]) -> Vec<OsString> {
+        a.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn fsck_lines() {
+        assert_eq!(
+            fsck_to_ferofs(&os(&["-d0", "img"])).expect("f"),
+            os(&["check", "img"])
+        );
+        assert_eq!(
+            fsck_to_ferofs(&os(&["--extract=out", "--overwrite", "--xattrs", "img"])).expect("f"),
+            os(&["extract", "img", "out", "--force"])
+        );
+        assert_eq!(
+            fsck_to_ferofs(&os(&["--extract=o", "--no-preserve-owner", "img"])).expect("f"),
+            os(&["extract", "img", "o", "--no-owner", "--no-xattrs"])
+        );
+        let e = fsck_to_ferofs(&os(&["--device=x", "img"])).expect_err("device");
+        assert!(e.to_string().contains("--device"), "{e}");
+    }
+
+    #[test]
+    fn dump_lines() {
+        assert_eq!(
+            dump_to_ferofs(&os(&["-s", "img"])).expect("d"),
+            [os(&["inspect", "img"])]
+        );
+        assert_eq!(
+            dump_to_ferofs(&os(&["--path=/etc", "--ls", "img"])).expect("d"),
+            [os(&["ls", "img", "/etc"])]
+        );
+        assert_eq!(
+            dump_to_ferofs(&os(&["-e", "--path=/a", "img"])).expect("d"),
+            [os(&["stat", "img", "/a"])]
+        );
+        let e = dump_to_ferofs(&os(&["--nid=36", "--ls", "img"])).expect_err("nid");
+        assert!(e.to_string().contains("--nid"), "{e}");
+    }
+}

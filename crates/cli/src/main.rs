@@ -110,13 +110,38 @@ fn main() -> ExitCode {
         .and_then(|a| std::path::Path::new(a).file_name())
         .and_then(|s| s.to_str())
         .unwrap_or("");
-    let mkfs_args = if prog == "mkfs.erofs" {
-        Some(argv.get(1..).unwrap_or_default())
-    } else if argv.get(1).is_some_and(|a| a == "mkfs") {
-        Some(argv.get(2..).unwrap_or_default())
-    } else {
-        None
+    // fsck.erofs and dump.erofs likewise (`ferofs fsck`, `ferofs dump`).
+    let (tool, rest) = match (prog, argv.get(1).and_then(|a| a.to_str())) {
+        ("mkfs.erofs" | "fsck.erofs" | "dump.erofs", _) => (
+            prog.trim_end_matches(".erofs"),
+            argv.get(1..).unwrap_or_default(),
+        ),
+        (_, Some(t @ ("mkfs" | "fsck" | "dump"))) => (t, argv.get(2..).unwrap_or_default()),
+        _ => ("", &[][..]),
     };
+    let lines = match tool {
+        "fsck" => Some(compat::fsck_to_ferofs(rest).map(|v| vec![v])),
+        "dump" => Some(compat::dump_to_ferofs(rest)),
+        _ => None,
+    };
+    if let Some(lines) = lines {
+        let lines = match lines {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("{e:#}");
+                return ExitCode::FAILURE;
+            }
+        };
+        for l in lines {
+            let cli = Cli::parse_from(std::iter::once("ferofs".into()).chain(l));
+            if let Err(e) = run(cli.cmd) {
+                eprintln!("ferofs: error: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        }
+        return ExitCode::SUCCESS;
+    }
+    let mkfs_args = (tool == "mkfs").then_some(rest);
     let cli = match mkfs_args {
         Some(rest) => match compat::mkfs_to_build(rest) {
             Ok(b) => Cli::parse_from(["ferofs".into(), "build".into()].into_iter().chain(b)),

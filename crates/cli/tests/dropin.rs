@@ -196,3 +196,83 @@ fn directory_command_lines_and_unimplemented_options() {
         assert!(!img.exists(), "{opt} left an image");
     }
 }
+
+fn tool_symlink(dir: &Path, name: &str) -> std::path::PathBuf {
+    let link = dir.join(name);
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ferofs"), &link).expect("symlink");
+    link
+}
+
+#[test]
+fn fsck_and_dump_command_lines() {
+    let d = scratch("dropin-fsck");
+    let src = d.path().join("src");
+    tree(&src);
+    let img = d.path().join("a.erofs");
+    build(&src, &img, &["-z", "lz4hc", "-E", "ztailpacking"]);
+    let fsck = tool_symlink(d.path(), "fsck.erofs");
+    let dump = tool_symlink(d.path(), "dump.erofs");
+    let st = Command::new(&fsck)
+        .arg("-d0")
+        .arg(&img)
+        .status()
+        .expect("fsck");
+    assert!(st.success());
+    // --extract=DIR: the tree, checked as it is written.
+    let x = d.path().join("x");
+    let out = Command::new(&fsck)
+        .arg(format!("--extract={}", x.display()))
+        .args(["--xattrs", "--preserve"])
+        .arg(&img)
+        .output()
+        .expect("fsck --extract");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let diff = ferofs()
+        .arg("diff")
+        .arg(&img)
+        .arg(&x)
+        .output()
+        .expect("diff");
+    assert!(
+        diff.status.success(),
+        "{}",
+        String::from_utf8_lossy(&diff.stdout)
+    );
+    // dump.erofs: superblock, a file's contents, a directory listing.
+    let out = Command::new(&dump)
+        .arg("-s")
+        .arg(&img)
+        .output()
+        .expect("dump -s");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Block size"));
+    let out = Command::new(&dump)
+        .args(["--path=/etc/hostname", "--cat"])
+        .arg(&img)
+        .output()
+        .expect("dump --cat");
+    assert_eq!(out.stdout, b"ferofs\n");
+    let out = Command::new(&dump)
+        .args(["--path=/etc", "--ls"])
+        .arg(&img)
+        .output()
+        .expect("dump --ls");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("hostname"));
+    // A damaged image fails the check; unimplemented options are named.
+    let mut bytes = std::fs::read(&img).expect("read");
+    let n = bytes.len();
+    bytes[n - 4096..].iter_mut().for_each(|b| *b ^= 0x5a);
+    let bad = d.path().join("bad.erofs");
+    std::fs::write(&bad, &bytes).expect("write");
+    let st = Command::new(&fsck).arg(&bad).output().expect("fsck bad");
+    assert!(!st.status.success(), "a damaged image passed");
+    for (tool, opt) in [(&fsck, "--device=/dev/null"), (&dump, "--nid=36")] {
+        let out = Command::new(tool).arg(opt).arg(&img).output().expect("run");
+        assert!(!out.status.success());
+        let name = opt.split('=').next().unwrap_or(opt);
+        assert!(String::from_utf8_lossy(&out.stderr).contains(name), "{opt}");
+    }
+}

@@ -6,6 +6,7 @@ mod extract;
 mod fmt;
 mod inspect;
 mod list;
+mod mount;
 mod report;
 
 use anyhow::Result;
@@ -60,6 +61,8 @@ enum Cmd {
         #[arg(short, long)]
         verbose: bool,
     },
+    /// Mount an image through FUSE, read-only (in the background unless -f).
+    Mount(mount::MountArgs),
     /// Show the superblock, features, counts and sizes.
     Inspect {
         image: PathBuf,
@@ -82,6 +85,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Extract(a) => extract::run(a),
         Cmd::Check { image, verbose } => inspect::check(&image, verbose),
         Cmd::Inspect { image, json } => inspect::inspect(&image, json),
+        Cmd::Mount(a) => mount::run(a),
     }
 }
 

@@ -60,6 +60,8 @@ pub(crate) struct Shared<S: Source> {
     pub(crate) cache: Cache,
     root: u64,
     blksz: u32,
+    /// Inode numbers follow the kernel's metabox mapping.
+    metabox: bool,
     verbose: bool,
 }
 
@@ -104,11 +106,15 @@ impl<S: Source> Shared<S> {
         img.set_cache_budget(reader_share);
         let root = img.root_nid();
         let blksz = img.block_size();
+        let img_has_metabox = img
+            .superblock()
+            .has_incompat(ferofs_format::sb::INCOMPAT_METABOX);
         Shared {
             img,
             cache: Cache::new(cache_bytes - reader_share),
             root,
             blksz,
+            metabox: img_has_metabox,
             verbose,
         }
     }
@@ -273,32 +279,51 @@ impl<S: Source> Shared<S> {
         }
     }
 
-    /// The node id (and st_ino) the kernel gets for `nid`: the nid itself, except that
-    /// the root is FUSE's 1 and non-root nids 0 and 1 (not node ids FUSE allows) move
-    /// to the top of the range, where no valid nid lives (its byte position overflows).
+    /// The inode number the kernel reports for `nid`: the nid, except in images with a
+    /// metabox, where the metabox bit (63) moves to bit 31 and nid bits 31..62 to 32..63.
+    fn ino64(&self, nid: u64) -> u64 {
+        if !self.metabox {
+            return nid;
+        }
+        ((nid << 1) & 0xFFFF_FFFF_0000_0000) | (nid & 0x7FFF_FFFF) | ((nid >> 63) << 31)
+    }
+
+    /// The nid of inode number `ino` (the inverse of [`Shared::ino64`]).
+    fn nid_of_ino(&self, ino: u64) -> u64 {
+        if !self.metabox {
+            return ino;
+        }
+        ((ino >> 1) & 0x7FFF_FFFF_8000_0000) | (ino & 0x7FFF_FFFF) | (((ino >> 31) & 1) << 63)
+    }
+
+    /// The node id the kernel gets for `nid`, which is also its st_ino: the inode
+    /// number, except that the root is FUSE's 1 and inode numbers 0 and 1 of other
+    /// inodes (not node ids FUSE allows) move to the top of the range, where no valid
+    /// nid maps (a nid is below 2^59: its byte position must fit in 64 bits).
     fn node_of(&self, nid: u64) -> u64 {
         if nid == self.root {
-            ROOT_ID
-        } else if nid <= 1 {
-            u64::MAX - nid
-        } else {
-            nid
+            return ROOT_ID;
+        }
+        match self.ino64(nid) {
+            i @ (0 | 1) => u64::MAX - i,
+            i => i,
         }
     }
 
     fn nid_of(&self, node: u64) -> u64 {
-        match node {
-            ROOT_ID => self.root,
+        let ino = match node {
+            ROOT_ID => return self.root,
             u64::MAX => 0,
             n if n == u64::MAX - 1 => 1,
             n => n,
-        }
+        };
+        self.nid_of_ino(ino)
     }
 
-    /// st_ino: the nid (as the kernel reports it), the root included.
+    /// st_ino (and d_ino) of `nid`, the root included.
     fn st_ino(&self, nid: u64) -> u64 {
         if nid == self.root {
-            nid
+            self.ino64(nid)
         } else {
             self.node_of(nid)
         }

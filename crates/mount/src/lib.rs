@@ -240,11 +240,9 @@ impl Mounted {
         let waiter = std::thread::Builder::new()
             .name("ferofs-signals".into())
             .spawn(move || {
-                if signals.forever().next().is_some() {
-                    if unmounter.unmount().is_err() {
-                        // Busy (a process has a file open): detach it, as `umount -l`.
-                        let _ = rustix::mount::unmount(&mp, rustix::mount::UnmountFlags::DETACH);
-                    }
+                // Busy (a process has a file open): detach it, as `umount -l`.
+                if signals.forever().next().is_some() && unmounter.unmount().is_err() {
+                    let _ = rustix::mount::unmount(&mp, rustix::mount::UnmountFlags::DETACH);
                 }
             })?;
         let served = session.run();

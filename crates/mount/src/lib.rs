@@ -90,25 +90,25 @@ pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Open {
         path: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Image {
         path: String,
         #[source]
         source: ferofs_reader::Error,
     },
-    #[error("--record-access {path}: {source}")]
+    #[error("--record-access {path}")]
     Record {
         path: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot mount on {path}: {source}")]
+    #[error("cannot mount on {path}")]
     Mount {
         path: String,
         #[source]

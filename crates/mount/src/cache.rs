@@ -244,6 +244,18 @@ impl Cache {
         Some(s.val.clone())
     }
 
+    /// Remove `key` and return its value (a prefetched extent the kernel has now read
+    /// whole: its pages are in the page cache, so it will not be asked for again).
+    pub(crate) fn take(&self, key: Key) -> Option<Val> {
+        let mut g = self.lock(shard_of(&key))?;
+        let i = g.map.remove(&key)?;
+        let s = g.slots.get_mut(i)?.take()?;
+        g.free.push(i);
+        self.used.fetch_sub(s.charge, Ordering::Relaxed);
+        self.stats.hits.fetch_add(1, Ordering::Relaxed);
+        Some(s.val)
+    }
+
     /// True when `key` is cached or being loaded.
     pub(crate) fn present(&self, key: Key) -> bool {
         self.lock(shard_of(&key))

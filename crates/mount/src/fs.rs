@@ -36,6 +36,9 @@ const PREFETCH_QUEUE: usize = 16;
 /// Most extents one read-ahead job decodes.
 const PREFETCH_EXTENTS: usize = 64;
 
+/// Extents smaller than this are not read ahead (see `Shared::prefetch`).
+const PREFETCH_MIN_EXTENT: u64 = 64 << 10;
+
 /// Read-ahead window after a sequential read (at least one extent).
 const PREFETCH_BYTES: u64 = 512 << 10;
 
@@ -202,10 +205,53 @@ impl<S: Source> Shared<S> {
                         return Err(libc_errno::EIO);
                     }
                 }
+                SpanKind::Encoded { .. } if pos == span.start && span.end <= end => {
+                    // Whole extents. One prefetched (or being decoded) is taken from
+                    // the cache; otherwise this and the following whole extents nobody
+                    // has are decoded straight into the reply, in one reader call (one
+                    // read of their stored bytes). The kernel's page locks keep two
+                    // buffered reads of the same pages apart, so nothing is decoded twice.
+                    let key = Key::Data(ino.nid, span.start);
+                    if self.cache.present(key) {
+                        let v = match self.cache.take(key) {
+                            Some(Val::Data(v)) => v,
+                            _ => self.extent(ino, span.start, span.end, false)?,
+                        };
+                        dst.copy_from_slice(v.get(..dst.len()).ok_or(libc_errno::EIO)?);
+                        pos = s_end;
+                        continue;
+                    }
+                    let mut run_end = span.end;
+                    // Bounded: each turn moves `run_end` forward by a non-empty span.
+                    while run_end < end {
+                        let next = with_ctx(|c| self.img.data_span(c, ino, run_end))?
+                            .map_err(|e| self.fail("map", ino.nid, &e))?;
+                        match next {
+                            Some(n)
+                                if matches!(n.kind, SpanKind::Encoded { .. })
+                                    && n.start == run_end
+                                    && n.end <= end
+                                    && !self.cache.present(Key::Data(ino.nid, n.start)) =>
+                            {
+                                run_end = n.end
+                            }
+                            _ => break,
+                        }
+                    }
+                    let (a, b) = (to_idx(pos - off)?, to_idx(run_end - off)?);
+                    let dst = buf.get_mut(a..b).ok_or(libc_errno::EIO)?;
+                    let n = with_ctx(|c| self.img.read_at_with(c, ino, pos, dst))?
+                        .map_err(|e| self.fail("read", ino.nid, &e))?;
+                    if n != dst.len() {
+                        return Err(libc_errno::EIO);
+                    }
+                    pos = run_end;
+                    continue;
+                }
                 SpanKind::Encoded { .. } => {
-                    // Kept when read in part: the rest is likely asked for soon.
-                    let whole = pos == span.start && s_end == span.end;
-                    let v = self.extent(ino, span.start, span.end, !whole)?;
+                    // Part of an extent: decoded whole once (single flight), kept for
+                    // the rest of it.
+                    let v = self.extent(ino, span.start, span.end, true)?;
                     let from = to_idx(pos - span.start)?;
                     let src = v.get(from..from + dst.len()).ok_or(libc_errno::EIO)?;
                     dst.copy_from_slice(src);
@@ -228,6 +274,11 @@ impl<S: Source> Shared<S> {
                 break;
             };
             if let SpanKind::Encoded { .. } = span.kind {
+                // Small extents come whole in the kernel's own read-ahead requests,
+                // served in parallel: decoding them ahead only races those requests.
+                if span.end - span.start < PREFETCH_MIN_EXTENT {
+                    break;
+                }
                 if !self.cache.present(Key::Data(nid, span.start))
                     && self.extent(&ino, span.start, span.end, true).is_err()
                 {

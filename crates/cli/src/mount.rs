@@ -118,6 +118,8 @@ pub fn run(a: MountArgs) -> Result<()> {
 fn daemon(o: &ferofs_mount::Options) -> Result<()> {
     let _ = rustix::process::setsid();
     let m = ferofs_mount::mount(o)?;
+    // Everything named by a relative path is open now: do not pin the caller's directory.
+    let _ = std::env::set_current_dir("/");
     let null = std::fs::OpenOptions::new().write(true).open("/dev/null")?;
     // From here on nobody reads our pipes: stderr first, then "ready" and stdout.
     rustix::stdio::dup2_stderr(&null)?;

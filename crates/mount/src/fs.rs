@@ -250,8 +250,16 @@ impl<S: Source> Shared<S> {
                 }
                 SpanKind::Encoded { .. } => {
                     // Part of an extent: decoded whole once (single flight), kept for
-                    // the rest of it.
-                    let v = self.extent(ino, span.start, span.end, true)?;
+                    // the rest of it; a read that ends it (the rest of a sequential
+                    // read) takes it out again.
+                    let key = Key::Data(ino.nid, span.start);
+                    let v = match (pos > span.start && s_end == span.end)
+                        .then(|| self.cache.take(key))
+                        .flatten()
+                    {
+                        Some(Val::Data(v)) => v,
+                        _ => self.extent(ino, span.start, span.end, true)?,
+                    };
                     let from = to_idx(pos - span.start)?;
                     let src = v.get(from..from + dst.len()).ok_or(libc_errno::EIO)?;
                     dst.copy_from_slice(src);
@@ -330,21 +338,8 @@ impl<S: Source> Shared<S> {
         }
     }
 
-    /// The inode number the kernel reports for `nid`: the nid, except in images with a
-    /// metabox, where the metabox bit (63) moves to bit 31 and nid bits 31..62 to 32..63.
     fn ino64(&self, nid: u64) -> u64 {
-        if !self.metabox {
-            return nid;
-        }
-        ((nid << 1) & 0xFFFF_FFFF_0000_0000) | (nid & 0x7FFF_FFFF) | ((nid >> 63) << 31)
-    }
-
-    /// The nid of inode number `ino` (the inverse of [`Shared::ino64`]).
-    fn nid_of_ino(&self, ino: u64) -> u64 {
-        if !self.metabox {
-            return ino;
-        }
-        ((ino >> 1) & 0x7FFF_FFFF_8000_0000) | (ino & 0x7FFF_FFFF) | (((ino >> 31) & 1) << 63)
+        ino64(self.metabox, nid)
     }
 
     /// The node id the kernel gets for `nid`, which is also its st_ino: the inode
@@ -368,7 +363,7 @@ impl<S: Source> Shared<S> {
             n if n == u64::MAX - 1 => 1,
             n => n,
         };
-        self.nid_of_ino(ino)
+        nid_of_ino(self.metabox, ino)
     }
 
     /// st_ino (and d_ino) of `nid`, the root included.
@@ -379,6 +374,23 @@ impl<S: Source> Shared<S> {
             self.node_of(nid)
         }
     }
+}
+
+/// The inode number the kernel reports for `nid`: the nid, except in images with a
+/// metabox, where the metabox bit (63) moves to bit 31 and nid bits 31..62 to 32..63.
+fn ino64(metabox: bool, nid: u64) -> u64 {
+    if !metabox {
+        return nid;
+    }
+    ((nid << 1) & 0xFFFF_FFFF_0000_0000) | (nid & 0x7FFF_FFFF) | ((nid >> 63) << 31)
+}
+
+/// The nid of inode number `ino` (the inverse of [`ino64`]).
+fn nid_of_ino(metabox: bool, ino: u64) -> u64 {
+    if !metabox {
+        return ino;
+    }
+    ((ino >> 1) & 0x7FFF_FFFF_8000_0000) | (ino & 0x7FFF_FFFF) | (((ino >> 31) & 1) << 63)
 }
 
 fn to_idx(v: u64) -> Result<usize, i32> {
@@ -1027,5 +1039,35 @@ fn xattr_reply(reply: ReplyXattr, size: u32, v: &[u8]) {
         reply.error(Errno::ERANGE)
     } else {
         reply.data(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inode_numbers_round_trip() {
+        // A metabox nid as the kernel shows it (seen on a mkfs.erofs -m image).
+        assert_eq!(ino64(true, (1 << 63) | 0x80), 0x8000_0080);
+        for nid in [
+            0u64,
+            1,
+            36,
+            0x7FFF_FFFF,
+            0x8000_0000,
+            0x1234_5678_9AB,
+            (1 << 58) + 5,
+        ] {
+            for mb in [false, true] {
+                let n = if mb { nid | (1 << 63) } else { nid };
+                assert_eq!(nid_of_ino(true, ino64(true, n)), n, "{n:#x}");
+                assert_eq!(nid_of_ino(false, ino64(false, nid)), nid);
+            }
+            // Plain nids below 2^31 keep their number in metabox images too.
+            if nid < 1 << 31 {
+                assert_eq!(ino64(true, nid), nid);
+            }
+        }
     }
 }

@@ -86,7 +86,7 @@ impl Options {
 }
 
 /// Default `-o cache=SIZE`.
-pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
+pub const DEFAULT_CACHE_BYTES: usize = 32 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {

@@ -1056,7 +1056,7 @@ mod tests {
             36,
             0x7FFF_FFFF,
             0x8000_0000,
-            0x1234_5678_9AB,
+            0x0123_4567_89AB,
             (1 << 58) + 5,
         ] {
             for mb in [false, true] {

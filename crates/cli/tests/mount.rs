@@ -683,6 +683,25 @@ fn signals_and_fusermount_unmount() {
         eprintln!("SKIPPED fusermount3 -u: no fusermount3 on PATH");
     }
 
+    // -f: serves in the foreground until SIGINT, then exits 0 with nothing mounted.
+    let dir = scratch("fuse-fg");
+    let mut fg = ferofs()
+        .args(["mount", "-f"])
+        .arg(&img)
+        .arg(dir.path())
+        .spawn()
+        .expect("spawn ferofs mount -f");
+    let t = Instant::now();
+    while !mounted(dir.path()) {
+        assert!(t.elapsed() < Duration::from_secs(10), "-f never mounted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(fs::read_dir(dir.path()).expect("ls").count() > 3);
+    kill(fg.id(), "-INT");
+    let st = fg.wait().expect("wait -f");
+    assert!(st.success(), "ferofs mount -f after SIGINT: {st}");
+    assert!(!mounted(dir.path()));
+
     let m = Fuse::new(&img, &[]);
     let held = fs::read_dir(m.path().join("files"))
         .expect("files/")

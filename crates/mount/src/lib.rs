@@ -121,6 +121,9 @@ pub enum MountError {
 /// A mounted image, ready to serve.
 pub struct Mounted {
     session: Session<ErofsFs<OffsetFile>>,
+    /// Registered before the mount, so a signal that comes before [`Mounted::run`]
+    /// unmounts too (and does not kill the daemon with the mount left behind).
+    signals: signal_hook::iterator::Signals,
     unmounter: SessionUnmounter,
     mountpoint: PathBuf,
     record: Option<(PathBuf, Arc<record::Recorder>)>,
@@ -207,6 +210,11 @@ pub fn mount(o: &Options) -> Result<Mounted, MountError> {
     };
     cfg.n_threads = Some(o.threads.max(1));
     cfg.clone_fd = true;
+    let signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ])?;
     let mut session = Session::new(fsys, &o.mountpoint, &cfg).map_err(|e| MountError::Mount {
         path: shown(&o.mountpoint),
         source: e,
@@ -214,6 +222,7 @@ pub fn mount(o: &Options) -> Result<Mounted, MountError> {
     let unmounter = session.unmount_callable();
     Ok(Mounted {
         session,
+        signals,
         unmounter,
         mountpoint: o.mountpoint.clone(),
         record,
@@ -226,15 +235,11 @@ impl Mounted {
     pub fn run(self) -> Result<(), MountError> {
         let Mounted {
             session,
+            mut signals,
             mut unmounter,
             mountpoint,
             record,
         } = self;
-        let mut signals = signal_hook::iterator::Signals::new([
-            signal_hook::consts::SIGINT,
-            signal_hook::consts::SIGTERM,
-            signal_hook::consts::SIGHUP,
-        ])?;
         let handle = signals.handle();
         let mp = mountpoint.clone();
         let waiter = std::thread::Builder::new()

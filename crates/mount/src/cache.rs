@@ -183,7 +183,7 @@ impl Shard {
     }
 }
 
-/// Counters for tests and `--stats`-style reports.
+/// Counters, printed at unmount with `-v`.
 #[derive(Debug, Default)]
 pub struct CacheStats {
     pub hits: AtomicU64,
@@ -230,7 +230,6 @@ impl Cache {
         self.used.load(Ordering::Relaxed)
     }
 
-    #[cfg(test)]
     pub(crate) fn budget(&self) -> usize {
         self.budget
     }

@@ -48,9 +48,6 @@ const MAX_READ: u32 = 16 << 20;
 /// Settings for [`ErofsFs`].
 #[derive(Debug, Clone)]
 pub struct FsOptions {
-    /// Bytes of decoded data and metadata kept (the reader's own cache of packed and
-    /// metabox extents gets a share of it).
-    pub cache_bytes: usize,
     /// Threads decoding read-ahead.
     pub prefetch_threads: usize,
     /// Let the kernel check permissions (and POSIX ACLs) like a kernel mount.
@@ -120,6 +117,19 @@ impl<S: Source> Shared<S> {
             metabox: img_has_metabox,
             verbose,
         }
+    }
+
+    /// One line of cache counters (for `-v`).
+    pub(crate) fn stats_line(&self) -> String {
+        let st = &self.cache.stats;
+        format!(
+            "cache: {} hits, {} loads, {} loads joined another thread's (decoded once), {} of {} bytes held",
+            st.hits.load(Ordering::Relaxed),
+            st.misses.load(Ordering::Relaxed),
+            st.joined.load(Ordering::Relaxed),
+            self.cache.used(),
+            self.cache.budget(),
+        )
     }
 
     fn fail(&self, what: &str, nid: u64, e: &Error) -> i32 {

@@ -127,6 +127,8 @@ pub struct Mounted {
     unmounter: SessionUnmounter,
     mountpoint: PathBuf,
     record: Option<(PathBuf, Arc<record::Recorder>)>,
+    shared: Arc<fs::Shared<OffsetFile>>,
+    verbose: bool,
 }
 
 fn shown(p: &Path) -> String {
@@ -179,10 +181,9 @@ pub fn mount(o: &Options) -> Result<Mounted, MountError> {
     };
     let shared = Arc::new(fs::Shared::new(img, o.cache_bytes, o.verbose));
     let fsys = ErofsFs::new(
-        shared,
+        shared.clone(),
         record.as_ref().map(|(_, r)| r.clone()),
         &FsOptions {
-            cache_bytes: o.cache_bytes,
             prefetch_threads: o.prefetch_threads,
             default_permissions: o.default_permissions,
         },
@@ -226,6 +227,8 @@ pub fn mount(o: &Options) -> Result<Mounted, MountError> {
         unmounter,
         mountpoint: o.mountpoint.clone(),
         record,
+        shared,
+        verbose: o.verbose,
     })
 }
 
@@ -239,6 +242,8 @@ impl Mounted {
             mut unmounter,
             mountpoint,
             record,
+            shared,
+            verbose,
         } = self;
         let handle = signals.handle();
         let mp = mountpoint.clone();
@@ -253,6 +258,9 @@ impl Mounted {
         let served = session.run();
         handle.close();
         let _ = waiter.join();
+        if verbose {
+            eprintln!("ferofs mount: {}", shared.stats_line());
+        }
         if let Some((path, r)) = record {
             r.flush().map_err(|e| MountError::Record {
                 path: shown(&path),

@@ -56,28 +56,37 @@ impl Val {
 /// Outcome of a load, shared with the threads that waited for it: the value or an errno.
 type Outcome = Result<Val, i32>;
 
+/// A load in progress: its outcome once published, and how many threads wait for it.
 #[derive(Default)]
 struct Flight {
-    done: Mutex<Option<Outcome>>,
+    state: Mutex<(Option<Outcome>, usize)>,
     cv: Condvar,
 }
 
 impl Flight {
     fn publish(&self, r: Outcome) {
-        if let Ok(mut g) = self.done.lock() {
-            *g = Some(r);
+        let waiters = match self.state.lock() {
+            Ok(mut g) => {
+                g.0 = Some(r);
+                g.1
+            }
+            Err(_) => 1,
+        };
+        // A wake-up is a system call: only when someone waits (nearly never).
+        if waiters > 0 {
+            self.cv.notify_all();
         }
-        self.cv.notify_all();
     }
 
     fn wait(&self) -> Outcome {
-        let Ok(mut g) = self.done.lock() else {
+        let Ok(mut g) = self.state.lock() else {
             return Err(EIO);
         };
+        g.1 += 1;
         // Bounded by the loader: it always publishes (see `Publish`), then every waiter
         // wakes; spurious wake-ups go round again.
         loop {
-            if let Some(r) = g.as_ref() {
+            if let Some(r) = g.0.as_ref() {
                 return r.clone();
             }
             g = match self.cv.wait(g) {

@@ -552,7 +552,17 @@ impl<S: Source + 'static> ErofsFs<S> {
         let end = off + n;
         if ino.layout.is_compressed() && end < ino.size && self.handles.sequential(fh, off, end) {
             if let Some(tx) = &self.prefetch {
-                let _ = tx.try_send((nid, end, end.saturating_add(PREFETCH_BYTES.max(n))));
+                // Only big extents are worth a read-ahead thread (see `Shared::prefetch`);
+                // asking here saves waking one for every small file.
+                let next = with_ctx(|c| sh.img.data_span(c, &ino, end));
+                if let Ok(Ok(Some(s))) = next {
+                    if matches!(s.kind, SpanKind::Encoded { .. })
+                        && s.end - s.start >= PREFETCH_MIN_EXTENT
+                        && !sh.cache.present(Key::Data(nid, s.start))
+                    {
+                        let _ = tx.try_send((nid, end, end.saturating_add(PREFETCH_BYTES.max(n))));
+                    }
+                }
             }
         }
         Ok(buf)

@@ -9,6 +9,7 @@ mod extract;
 mod fmt;
 mod inspect;
 mod list;
+mod mount;
 mod report;
 mod tarw;
 
@@ -69,6 +70,8 @@ enum Cmd {
         #[arg(short, long)]
         verbose: bool,
     },
+    /// Mount an image through FUSE, read-only (in the background unless -f).
+    Mount(mount::MountArgs),
     /// Show the superblock, features, counts and sizes.
     Inspect {
         image: PathBuf,
@@ -93,6 +96,7 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::Diff(_) => unreachable_diff(),
         Cmd::Check { image, verbose } => inspect::check(&image, verbose),
         Cmd::Inspect { image, json } => inspect::inspect(&image, json),
+        Cmd::Mount(a) => mount::run(a),
     }
 }
 

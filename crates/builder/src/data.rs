@@ -5,9 +5,8 @@
 
 use crate::options::*;
 use crate::out::Out;
+use crate::source::{Reader, Source};
 use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::path::Path;
 
 /// Where a file's data went.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,7 +39,8 @@ impl DataWriter<'_> {
     }
 
     /// Copy `len` bytes of `f` from `off` to the next blocks (zero-padding the last one).
-    fn copy(&mut self, f: &File, path: &Path, mut off: u64, len: u64) -> Result<u64> {
+    fn copy(&mut self, f: &Reader, mut off: u64, len: u64) -> Result<u64> {
+        let path = f.path();
         let start = self.next_blk;
         let mut pos = start << self.blkszbits;
         let end = off + len;
@@ -76,24 +76,21 @@ impl DataWriter<'_> {
     }
 
     /// Store one regular file. `inline_tail`: whether its tail may go behind the inode.
-    pub fn store_file(&mut self, path: &Path, size: u64, inline_tail: bool) -> Result<FileData> {
+    pub fn store_file(&mut self, src: &Source, size: u64, inline_tail: bool) -> Result<FileData> {
         if size == 0 {
             return Ok(FileData::Empty);
         }
-        let f = File::open(path).map_err(io_err(path, "data: open"))?;
+        let f = src.open(size)?;
+        let path = f.path();
         let bs = self.blksz();
-        if let Some(segs) = data_segments(&f, size) {
-            if let Some(d) = self.store_chunked(&f, path, size, &segs)? {
+        if let Some(segs) = f.segments() {
+            if let Some(d) = self.store_chunked(&f, size, &segs)? {
                 return Ok(d);
             }
         }
         let tail_len = if inline_tail { size % bs } else { 0 };
         let body = size - tail_len;
-        let startblk = if body > 0 {
-            self.copy(&f, path, 0, body)?
-        } else {
-            0
-        };
+        let startblk = if body > 0 { self.copy(&f, 0, body)? } else { 0 };
         let mut tail = vec![0u8; tail_len as usize];
         if tail_len > 0 {
             f.read_exact_at(&mut tail, body)
@@ -142,8 +139,7 @@ impl DataWriter<'_> {
     /// when no chunk would be a hole (then a flat layout is better).
     fn store_chunked(
         &mut self,
-        f: &File,
-        path: &Path,
+        f: &Reader,
         size: u64,
         segs: &[(u64, u64)],
     ) -> Result<Option<FileData>> {
@@ -202,7 +198,7 @@ impl DataWriter<'_> {
                 continue;
             }
             let len = (cend.min(size)) - cstart;
-            let blk = self.copy(f, path, cstart, len)?;
+            let blk = self.copy(f, cstart, len)?;
             let blk = u32::try_from(blk).map_err(|_| {
                 BuildError::TooLarge("chunk block address beyond 2^32 blocks".into())
             })?;

@@ -7,16 +7,14 @@
 //! segments' bytes, so a huge mostly-empty file costs what its data costs.
 
 use crate::options::*;
+use crate::source::{Reader, Source};
 use rayon::prelude::*;
 use std::collections::HashMap;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::path::Path;
 use xxhash_rust::xxh3::Xxh3;
 
 /// A regular file as dedupe sees it.
 pub struct Candidate<'a> {
-    pub path: &'a Path,
+    pub src: &'a Source,
     pub size: u64,
     /// Metadata bytes before its data layout (core and xattrs): a duplicate must not
     /// need more than the file it copies, whose inline tail it takes over.
@@ -25,18 +23,14 @@ pub struct Candidate<'a> {
 
 const BUF: usize = 1 << 20;
 
-fn open(p: &Path) -> Result<File> {
-    File::open(p).map_err(io_err(p, "dedupe: open"))
-}
-
 /// The byte ranges of a file that hold data: its data segments when it has holes,
 /// else the whole file.
-fn segments(f: &File, size: u64) -> Vec<(u64, u64)> {
-    crate::data::data_segments(f, size).unwrap_or_else(|| vec![(0, size)])
+fn segments(f: &Reader, size: u64) -> Vec<(u64, u64)> {
+    f.segments().unwrap_or_else(|| vec![(0, size)])
 }
 
-fn hash(p: &Path, size: u64) -> Result<u128> {
-    let f = open(p)?;
+fn hash(p: &Source, size: u64) -> Result<u128> {
+    let f = p.open(size)?;
     let segs = segments(&f, size);
     let mut h = Xxh3::new();
     // Sized to the file: most candidates are small.
@@ -60,8 +54,8 @@ fn hash(p: &Path, size: u64) -> Result<u128> {
 }
 
 /// Whether two files of `size` bytes hold the same bytes (and the same holes).
-fn same(a: &Path, b: &Path, size: u64) -> Result<bool> {
-    let (fa, fb) = (open(a)?, open(b)?);
+fn same(a: &Source, b: &Source, size: u64) -> Result<bool> {
+    let (fa, fb) = (a.open(size)?, b.open(size)?);
     let segs = segments(&fa, size);
     if segs != segments(&fb, size) {
         return Ok(false);
@@ -109,7 +103,7 @@ pub fn find_duplicates(files: &[Candidate], threads: usize) -> Result<Vec<Option
         .map_err(|e| BuildError::Options(format!("thread pool: {e}")))?;
     let hashes: Vec<u128> = pool.install(|| {
         todo.par_iter()
-            .map(|&i| hash(files[i].path, files[i].size))
+            .map(|&i| hash(files[i].src, files[i].size))
             .collect::<Result<_>>()
     })?;
     // Candidate pairs, in file order: each file against the earliest stored file with
@@ -126,7 +120,7 @@ pub fn find_duplicates(files: &[Candidate], threads: usize) -> Result<Vec<Option
     let checked: Vec<bool> = pool.install(|| {
         pairs
             .par_iter()
-            .map(|&(i, j)| same(files[i].path, files[j].path, files[i].size))
+            .map(|&(i, j)| same(files[i].src, files[j].src, files[i].size))
             .collect::<Result<_>>()
     })?;
     let mut dup_of = vec![None; files.len()];
@@ -144,11 +138,11 @@ mod tests {
 
     #[test]
     fn equal_files_point_at_the_first_with_enough_metadata() -> Result<()> {
-        let d = tempfile::tempdir().map_err(io_err(Path::new("."), "tempdir"))?;
-        let w = |n: &str, b: &[u8]| -> std::path::PathBuf {
+        let d = tempfile::tempdir().map_err(io_err(std::path::Path::new("."), "tempdir"))?;
+        let w = |n: &str, b: &[u8]| -> Source {
             let p = d.path().join(n);
             std::fs::write(&p, b).ok();
-            p
+            Source::Path(p)
         };
         let a = w("a", b"same bytes");
         let b = w("b", b"same bytes");
@@ -159,38 +153,38 @@ mod tests {
         let h = w("h", b"same bytes");
         let files = [
             Candidate {
-                path: &a,
+                src: &a,
                 size: 10,
                 meta: 32,
             },
             Candidate {
-                path: &b,
+                src: &b,
                 size: 10,
                 meta: 32,
             },
             Candidate {
-                path: &c,
+                src: &c,
                 size: 10,
                 meta: 32,
             },
             Candidate {
-                path: &e,
+                src: &e,
                 size: 0,
                 meta: 32,
             },
             Candidate {
-                path: &f,
+                src: &f,
                 size: 0,
                 meta: 32,
             },
             // More metadata than `a`: stored itself, then copied by `h`.
             Candidate {
-                path: &g,
+                src: &g,
                 size: 10,
                 meta: 64,
             },
             Candidate {
-                path: &h,
+                src: &h,
                 size: 10,
                 meta: 40,
             },

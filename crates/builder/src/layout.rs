@@ -15,6 +15,15 @@ pub enum Layout {
     },
     /// CHUNK_BASED: chunk size = block size << `chunk_rel`, block map (u32::MAX = hole).
     Chunked { chunk_rel: u8, map: Vec<u32> },
+    /// CHUNK_BASED with 8-byte chunk indexes: `count` chunks of block size <<
+    /// `chunk_rel`, contiguous from block `blkaddr` of extra device `device` (tar index
+    /// mode: the data stays in the tar).
+    ChunkIndex {
+        chunk_rel: u8,
+        device: u16,
+        blkaddr: u32,
+        count: u32,
+    },
     /// COMPRESSED_COMPACT (or COMPRESSED_FULL when `full_index`).
     Compressed(ZFile),
     /// The whole file is a fragment at `off` of the packed inode's data
@@ -41,7 +50,7 @@ impl Layout {
 
     /// CHUNK_BASED.
     pub fn chunked(&self) -> bool {
-        matches!(self, Layout::Chunked { .. })
+        matches!(self, Layout::Chunked { .. } | Layout::ChunkIndex { .. })
     }
 
     /// Compressed with full indexes (it may share pclusters: the dedupe feature).

@@ -9,7 +9,8 @@
 //! ```text
 //! stage                                                  module hands on
 //! 1 scan: the input's inodes, metadata only, hardlinks   scan   Tree
-//!   merged
+//!   merged (a directory: `scan`; tar streams and layer     tarball
+//!   stacks: `tarball`); each file's bytes are a `Source`   source
 //! 2 plan: times, inode versions, xattrs, dir contents,   plan   Plan
 //!   inline decisions, block 0's size
 //! 3 data placement: file contents to the data region,    place  Placed (a Layout per file)
@@ -48,12 +49,15 @@ mod record;
 mod sb;
 pub mod scan;
 mod shift;
+pub mod source;
+pub mod tarball;
 mod write;
 pub mod xattrs;
 pub mod zdata;
 
 pub use options::{BuildError, BuildOptions, BuildReport, Fragments, UuidChoice};
 pub use progress::Progress;
+pub use tarball::TarInput;
 pub use zdata::{parse_hints, Compression, Hint};
 
 use options::Result;
@@ -63,8 +67,31 @@ use std::path::Path;
 /// Build an image of the directory `source` at `output`.
 pub fn build_from_dir(source: &Path, output: &Path, opts: &BuildOptions) -> Result<BuildReport> {
     opts.check()?;
-    let tree = scan::scan_dir(source, opts)?;
+    let mut tree = scan::scan_dir(source, opts)?;
+    if opts.ovlfs_strip {
+        tarball::strip_overlay(&mut tree);
+        scan::fix_nlinks(&mut tree);
+    }
     build_tree(tree, output, opts)
+}
+
+/// Build an image of tar streams at `output`: one archive, or a layer stack (later
+/// layers win, whiteouts applied). Compressed streams and stdin are spooled beside
+/// `output`; the spool is removed when the build ends, whatever the outcome.
+pub fn build_from_tars(
+    inputs: &[TarInput],
+    output: &Path,
+    opts: &BuildOptions,
+) -> Result<BuildReport> {
+    opts.check()?;
+    let dir = match output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let t = tarball::scan_tars(inputs, dir, opts)?;
+    let r = build_tree(t.tree, output, opts);
+    drop(t.spools);
+    r
 }
 
 /// Stages 2 to 6: the image of `tree` at `output`.

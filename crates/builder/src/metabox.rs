@@ -120,7 +120,7 @@ pub fn build(
             };
             let req = FileReq {
                 id,
-                path: spath.clone(),
+                src: crate::source::Source::Path(spath.clone()),
                 size,
                 rel: tree.nodes[id].rel.clone(),
                 fixed_meta: plan.fixed_meta(id),

@@ -85,6 +85,9 @@ pub fn record(plan: &Plan, id: InodeId, layout: &Layout) -> Record {
         },
         Layout::Inline { tail, .. } => Shape::Fixed(base + tail.len() as u64),
         Layout::Chunked { map, .. } => Shape::Fixed(base.div_ceil(4) * 4 + 4 * map.len() as u64),
+        Layout::ChunkIndex { count, .. } => {
+            Shape::Fixed(base.div_ceil(8) * 8 + 8 * u64::from(*count))
+        }
         Layout::Plain { .. } if content_inline => Shape::Fixed(base + plan.sizes[id] % bs),
         Layout::Plain { .. } => Shape::Fixed(base),
     };

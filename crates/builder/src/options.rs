@@ -57,6 +57,15 @@ pub struct BuildOptions {
     pub progress: Option<std::sync::Arc<crate::Progress>>,
     /// The metabox inode's pcluster size in bytes (0: the image's `-C`).
     pub metabox_pcluster_size: u32,
+    /// Tar input: OCI layer whiteouts (`.wh.NAME`, `.wh..wh..opq`) become overlayfs
+    /// whiteouts and opaque directories (`--aufs`).
+    pub aufs: bool,
+    /// Leave overlayfs whiteouts (char 0:0) and `trusted.overlay.opaque` out of the
+    /// image (`--ovlfs-strip`), any input.
+    pub ovlfs_strip: bool,
+    /// Tar input, index mode (`--tar-index`, mkfs.erofs's `--tar=i`): no file data in
+    /// the image, regular files point into the tar, the image's extra device.
+    pub tar_index: bool,
 }
 
 /// Which file data goes into the packed inode (`-E fragments`, `-E all-fragments`).
@@ -97,6 +106,9 @@ impl Default for BuildOptions {
             sort: Vec::new(),
             metabox_pcluster_size: 0,
             progress: None,
+            aufs: false,
+            ovlfs_strip: false,
+            tar_index: false,
         }
     }
 }

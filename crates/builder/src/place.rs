@@ -15,6 +15,7 @@ use crate::options::*;
 use crate::out::Out;
 use crate::plan::Plan;
 use crate::scan::{Kind, Tree};
+use crate::source::Source;
 use crate::zdata::{self, FragMode};
 
 /// Where the data went.
@@ -74,13 +75,28 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
         fragment_alt: 0,
         warnings: Vec::new(),
     };
-    let mut files: Vec<(usize, &crate::scan::Node, &std::path::PathBuf, u64)> = tree
+    // Files on an extra device (tar index mode) only get chunk indexes pointing there.
+    for (id, nd) in tree.nodes.iter().enumerate() {
+        if let Kind::File {
+            src: Source::External { device, blkaddr },
+            size,
+        } = &nd.kind
+        {
+            placed.layouts[id] = external_layout(*device, *blkaddr, *size, plan.bits)?;
+            placed.bytes_in += size;
+        }
+    }
+    let mut files: Vec<(usize, &crate::scan::Node, &Source, u64)> = tree
         .nodes
         .iter()
         .enumerate()
         .filter(|(id, _)| Some(*id) != tree.packed)
         .filter_map(|(id, nd)| match &nd.kind {
-            Kind::File { path, size } => Some((id, nd, path, *size)),
+            Kind::File {
+                src: Source::External { .. },
+                ..
+            } => None,
+            Kind::File { src, size } => Some((id, nd, src, *size)),
             _ => None,
         })
         .collect();
@@ -113,8 +129,8 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
     let dup_of = if o.dedupe {
         let cands: Vec<dedupe::Candidate> = files
             .iter()
-            .map(|&(id, _, path, size)| dedupe::Candidate {
-                path: path.as_path(),
+            .map(|&(id, _, src, size)| dedupe::Candidate {
+                src,
                 size,
                 meta: plan.fixed_meta(id),
             })
@@ -140,7 +156,7 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
             _ => Some(FragStore::new(out.spool("fragments")?, o.dedupe)?),
         };
         let mut reqs = Vec::new();
-        for (k, &(id, nd, path, size)) in files.iter().enumerate() {
+        for (k, &(id, nd, src, size)) in files.iter().enumerate() {
             let (_, pcl) = zdata::policy(c, &nd.rel);
             let frag = match o.fragments {
                 // Listed files stay together in the data region.
@@ -152,7 +168,7 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
             };
             reqs.push(zdata::FileReq {
                 id,
-                path: path.clone(),
+                src: src.clone(),
                 size,
                 rel: nd.rel.clone(),
                 fixed_meta: plan.fixed_meta(id),
@@ -199,11 +215,9 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
             next_blk: plan.first_blk,
             buf: Vec::new(),
         };
-        for (k, &(id, _, path, size)) in files.iter().enumerate() {
+        for (k, &(id, _, src, size)) in files.iter().enumerate() {
             if dup_of[k].is_none() {
-                placed.layouts[id] = dw
-                    .store_file(path, size, plan.inline_tail(id, size))?
-                    .into();
+                placed.layouts[id] = dw.store_file(src, size, plan.inline_tail(id, size))?.into();
             }
             progress.add_done(size);
         }
@@ -218,6 +232,27 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
     // Files stored without compressing them (small, holes, no gain) count here.
     progress.finish();
     Ok(placed)
+}
+
+/// The chunk indexes of a file of `size` bytes contiguous from block `blkaddr` of
+/// extra device `device`: one chunk as large as the file (at most 2^31 blocks a
+/// chunk), so a file takes one 8-byte index or a few.
+fn external_layout(device: u16, blkaddr: u64, size: u64, bits: u8) -> Result<Layout> {
+    if size == 0 {
+        return Ok(Layout::NONE);
+    }
+    let blocks = size.div_ceil(1 << bits);
+    let rel = (64 - (blocks - 1).leading_zeros()).min(31) as u8;
+    let count = blocks.div_ceil(1 << rel);
+    Ok(Layout::ChunkIndex {
+        chunk_rel: rel,
+        device,
+        blkaddr: u32::try_from(blkaddr)
+            .ok()
+            .filter(|b| u64::from(*b) + blocks <= 1 << 32)
+            .ok_or_else(|| BuildError::TooLarge("tar beyond 2^32 blocks".into()))?,
+        count: u32::try_from(count).map_err(|_| BuildError::TooLarge("too many chunks".into()))?,
+    })
 }
 
 /// Store the packed inode's data (inode `id`, `packed.size` bytes; `plan` already
@@ -247,7 +282,7 @@ pub fn store_packed(
     let size = packed.size;
     let req = zdata::FileReq {
         id,
-        path: packed.file.path().to_path_buf(),
+        src: Source::Path(packed.file.path().to_path_buf()),
         size,
         rel: b"(packed inode)".to_vec(),
         fixed_meta: plan.fixed_meta(id),

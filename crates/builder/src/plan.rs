@@ -157,7 +157,7 @@ pub fn plan(tree: &Tree, build_time: i64, o: &BuildOptions) -> Result<Plan> {
             _ => 0,
         })
         .collect();
-    let cfg = ComprCfg::new(o);
+    let cfg = ComprCfg::new(o, &tree.devices);
     let mut p = Plan {
         bits,
         bs,
@@ -217,7 +217,7 @@ mod tests {
             parent: 0,
         };
         let file = Kind::File {
-            path: "/nonexistent".into(),
+            src: crate::source::Source::Path("/nonexistent".into()),
             size: 5000,
         };
         Tree {
@@ -239,6 +239,7 @@ mod tests {
             ],
             root: 0,
             packed: None,
+            devices: Vec::new(),
         }
     }
 

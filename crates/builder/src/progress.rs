@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct Progress {
     total: AtomicU64,
     done: AtomicU64,
+    /// Input bytes read while scanning a stream (tar input: the uncompressed tar).
+    scanned: AtomicU64,
 }
 
 impl Progress {
@@ -24,6 +26,15 @@ impl Progress {
     /// Bytes of file data stored (or compressed) so far.
     pub fn done(&self) -> u64 {
         self.done.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of the input stream scanned so far (tar input), before the total is known.
+    pub fn scanned(&self) -> u64 {
+        self.scanned.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn add_scanned(&self, bytes: u64) {
+        self.scanned.fetch_add(bytes, Ordering::Relaxed);
     }
 
     pub(crate) fn set_total(&self, bytes: u64) {

@@ -28,6 +28,10 @@ pub fn encode(
             startblk.unwrap_or(u64::from(u32::MAX)),
         ),
         Layout::Chunked { chunk_rel, .. } => (DataLayout::ChunkBased, u64::from(*chunk_rel)),
+        Layout::ChunkIndex { chunk_rel, .. } => (
+            DataLayout::ChunkBased,
+            u64::from(*chunk_rel) | u64::from(ferofs_format::chunk::CHUNK_FORMAT_INDEXES),
+        ),
         Layout::Compressed(z) if z.full_index => (DataLayout::CompressedFull, z.blocks),
         Layout::Compressed(z) => (DataLayout::CompressedCompact, z.blocks),
         Layout::Fragment { .. } => (DataLayout::CompressedFull, 0),
@@ -67,6 +71,26 @@ pub fn encode(
             rec.resize(rec.len().div_ceil(4) * 4, 0);
             for m in map {
                 rec.extend_from_slice(&m.to_le_bytes());
+            }
+        }
+        Layout::ChunkIndex {
+            chunk_rel,
+            device,
+            blkaddr,
+            count,
+        } => {
+            rec.resize(rec.len().div_ceil(8) * 8, 0);
+            let blocks_per_chunk = 1u64 << chunk_rel;
+            for k in 0..u64::from(*count) {
+                let blk = u64::from(*blkaddr) + k * blocks_per_chunk;
+                let lo = u32::try_from(blk)
+                    .map_err(|_| BuildError::TooLarge("extra device block beyond 2^32".into()))?;
+                let e = ferofs_format::chunk::ChunkIndex {
+                    startblk_hi: 0,
+                    device_id: *device,
+                    startblk_lo: lo,
+                };
+                rec.extend_from_slice(&e.encode());
             }
         }
         Layout::Plain { .. } => {}

@@ -17,10 +17,19 @@ pub struct ComprCfg {
     /// Bytes of the superblock they follow: 128, or 144 with the extension slot that
     /// holds `metabox_nid`.
     pub sb_size: usize,
+    /// Extra devices (tar index mode), their sizes in blocks: a device table of one
+    /// 128-byte slot each behind the records.
+    pub devices: Vec<u64>,
 }
 
 impl ComprCfg {
-    pub fn new(o: &BuildOptions) -> Self {
+    pub fn new(o: &BuildOptions, devices: &[u64]) -> Self {
+        let mut c = Self::records(o);
+        c.devices = devices.to_vec();
+        c
+    }
+
+    fn records(o: &BuildOptions) -> Self {
         let sb_size = if o.metabox {
             SB_BASE_SIZE + 16
         } else {
@@ -32,6 +41,7 @@ impl ComprCfg {
                 algs: 0,
                 bytes: Vec::new(),
                 sb_size,
+                devices: Vec::new(),
             };
         };
         let max_pcl = std::iter::once(c.pcluster_size)
@@ -74,12 +84,22 @@ impl ComprCfg {
             algs,
             bytes,
             sb_size,
+            devices: Vec::new(),
         }
     }
 
-    /// First byte after the superblock and the records.
+    /// First byte of the device table (128-byte slots, addressed in slots).
+    pub fn devt_at(&self) -> u64 {
+        let records_end = SB_OFFSET + self.sb_size as u64 + self.bytes.len() as u64;
+        records_end.div_ceil(DEVICE_SLOT_SIZE as u64) * DEVICE_SLOT_SIZE as u64
+    }
+
+    /// First byte after the superblock, the records and the device table.
     pub fn end(&self) -> u64 {
-        SB_OFFSET + self.sb_size as u64 + self.bytes.len() as u64
+        if self.devices.is_empty() {
+            return SB_OFFSET + self.sb_size as u64 + self.bytes.len() as u64;
+        }
+        self.devt_at() + (DEVICE_SLOT_SIZE * self.devices.len()) as u64
     }
 }
 
@@ -152,7 +172,20 @@ pub fn superblock(f: &SbFields, cfg: &ComprCfg, label: Option<&str>) -> Result<S
             "internal: superblock size differs from the plan's".into(),
         ));
     }
+    let (extra_devices, devt_slotoff) = if cfg.devices.is_empty() {
+        (0, 0)
+    } else {
+        feature_incompat |= INCOMPAT_DEVICE_TABLE;
+        (
+            u16::try_from(cfg.devices.len())
+                .map_err(|_| BuildError::TooLarge("too many devices".into()))?,
+            u16::try_from(cfg.devt_at() / DEVICE_SLOT_SIZE as u64)
+                .map_err(|_| BuildError::TooLarge("device table offset".into()))?,
+        )
+    };
     let mut sb = Superblock {
+        extra_devices,
+        devt_slotoff,
         magic: MAGIC,
         feature_compat: COMPAT_SB_CHKSUM
             | COMPAT_MTIME
@@ -217,6 +250,21 @@ pub fn seal_block0(block0: &mut [u8], sb: &Superblock, cfg: &ComprCfg, with_cfg:
         let at = sbo + sbb.len();
         block0[at..at + cfg.bytes.len()].copy_from_slice(&cfg.bytes);
     }
+    // Device slots: no tag (the device is named at mount time), its size in blocks,
+    // and its place in the unified address space right behind this image (so the
+    // image and the device concatenated mount as one).
+    let total = u64::from(sb.blocks_lo);
+    let mut uniaddr = total;
+    for (i, &blocks) in cfg.devices.iter().enumerate() {
+        let at = cfg.devt_at() as usize + i * DEVICE_SLOT_SIZE;
+        let slot = &mut block0[at..at + DEVICE_SLOT_SIZE];
+        slot.fill(0);
+        slot[64..68].copy_from_slice(&(blocks as u32).to_le_bytes());
+        slot[68..72].copy_from_slice(&(uniaddr as u32).to_le_bytes());
+        slot[72..74].copy_from_slice(&((blocks >> 32) as u16).to_le_bytes());
+        slot[74..76].copy_from_slice(&((uniaddr >> 32) as u16).to_le_bytes());
+        uniaddr += blocks;
+    }
     let clen = checksum_len(1u32 << sb.blkszbits);
     let csum = compute_checksum(&block0[sbo..sbo + clen]);
     block0[sbo + 4..sbo + 8].copy_from_slice(&csum.to_le_bytes());
@@ -260,7 +308,7 @@ mod tests {
             metabox_pcluster_size: 65536,
             ..BuildOptions::default()
         };
-        let cfg = ComprCfg::new(&o);
+        let cfg = ComprCfg::new(&o, &[]);
         // The 144-byte superblock, then the lz4 record (2 + 14 bytes) the 64 KiB
         // metabox pcluster makes necessary.
         assert_eq!(cfg.sb_size, 144);
@@ -280,7 +328,7 @@ mod tests {
         assert_eq!(b.len(), 144);
         assert_eq!(&b[0x80..0x88], &37u64.to_le_bytes());
         // A superblock planned without the slot cannot take a metabox.
-        let plain = ComprCfg::new(&BuildOptions::default());
+        let plain = ComprCfg::new(&BuildOptions::default(), &[]);
         assert_eq!(plain.end(), 1024 + 128);
         assert!(superblock(&fields(1 << 63, Some(37)), &plain, None).is_err());
         assert!(superblock(&fields(1 << 16, None), &plain, None).is_err());

@@ -1,9 +1,10 @@
-//! Stage 1, scan: an input (a directory now; tar and SquashFS later) becomes a [`Tree`]
+//! Stage 1, scan: an input (a directory here; tar streams in `tarball`) becomes a [`Tree`]
 //! of metadata only. Inodes are numbered in the order mkfs.erofs uses — the root, then
 //! for each directory in depth-first pre-order, all of its entries in name order — and
 //! hardlinks (same device and inode number) share one inode.
 
 use crate::options::*;
+use crate::source::Source;
 use ferofs_format::inode::*;
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -21,7 +22,7 @@ pub enum Kind {
         parent: InodeId,
     },
     File {
-        path: PathBuf,
+        src: Source,
         size: u64,
     },
     Symlink {
@@ -55,7 +56,10 @@ impl Node {
     /// one link, the build time as mtime, in no directory; `rel` names it in errors.
     pub fn internal_file(path: PathBuf, size: u64, mode: u16, mtime: i64, rel: &[u8]) -> Node {
         Node {
-            kind: Kind::File { path, size },
+            kind: Kind::File {
+                src: Source::Path(path),
+                size,
+            },
             mode,
             uid: 0,
             gid: 0,
@@ -74,6 +78,8 @@ pub struct Tree {
     pub root: InodeId,
     /// The packed inode (fragments): a regular file no directory links.
     pub packed: Option<InodeId>,
+    /// Extra devices the image refers to (tar index mode: the tar), in blocks.
+    pub devices: Vec<u64>,
 }
 
 impl Tree {
@@ -136,6 +142,7 @@ pub fn scan_dir(root: &Path, opts: &BuildOptions) -> Result<Tree> {
         nodes: s.nodes,
         root: root_id,
         packed: None,
+        devices: Vec::new(),
     };
     fix_nlinks(&mut tree);
     Ok(tree)
@@ -164,7 +171,7 @@ impl Scanner<'_> {
                 parent: 0,
             },
             S_IFREG => Kind::File {
-                path: path.to_path_buf(),
+                src: Source::Path(path.to_path_buf()),
                 size: md.size(),
             },
             S_IFLNK => {

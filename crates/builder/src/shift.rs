@@ -28,10 +28,9 @@
 //! the thread count.
 
 use crate::options::{io_err, Result};
+use crate::source::Reader;
 use crate::zdata::FileReq;
 use std::collections::HashMap;
-use std::fs::File;
-use std::path::Path;
 
 /// Bytes hashed to filter a candidate before its source is read again.
 pub const PRE: usize = 4096;
@@ -216,7 +215,7 @@ pub struct Match {
 /// Reads candidates' source bytes again, keeping the last file open.
 pub struct Verifier<'a> {
     files: &'a [FileReq],
-    open: Option<(usize, File)>,
+    open: Option<(usize, Reader<'a>)>,
     buf: Vec<u8>,
 }
 
@@ -231,27 +230,31 @@ impl<'a> Verifier<'a> {
 
     /// How many leading bytes of `want` equal file `file`'s bytes at `off`.
     fn common_prefix(&mut self, file: usize, off: u64, want: &[u8]) -> Result<usize> {
-        use std::os::unix::fs::FileExt;
-        let path: &Path = match self.files.get(file) {
-            Some(f) => &f.path,
-            None => return Ok(0),
+        let files: &'a [FileReq] = self.files;
+        let Some(req) = files.get(file) else {
+            return Ok(0);
         };
         if self.open.as_ref().map(|(f, _)| *f) != Some(file) {
-            let h = File::open(path).map_err(io_err(path, "dedupe: open"))?;
-            self.open = Some((file, h));
+            self.open = Some((file, req.src.open(req.size)?));
         }
         let Some((_, h)) = self.open.as_ref() else {
             return Ok(0);
         };
+        let path = h.path();
         const STEP: usize = 64 << 10;
         let mut done = 0usize;
         // Bounded: each pass compares up to STEP more bytes or stops.
         while done < want.len() {
-            let n = STEP.min(want.len() - done);
+            // What the file holds from here (a read never goes past its size).
+            let left = req.size.saturating_sub(off + done as u64);
+            let n = (STEP.min(want.len() - done) as u64).min(left) as usize;
+            if n == 0 {
+                break;
+            }
             self.buf.resize(n, 0);
-            let got = h
-                .read_at(&mut self.buf[..n], off + done as u64)
+            h.read_exact_at(&mut self.buf[..n], off + done as u64)
                 .map_err(io_err(path, "dedupe: read"))?;
+            let got = n;
             let same = self.buf[..got]
                 .iter()
                 .zip(&want[done..done + got])

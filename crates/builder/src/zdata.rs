@@ -8,18 +8,18 @@
 //! uncompressed). At the end of a file the last extent may be inlined behind the inode
 //! (ztailpacking), and a file that does not shrink at all is stored uncompressed.
 
-use crate::data::{data_segments, DataWriter, FileData};
+use crate::data::{DataWriter, FileData};
 use crate::frag::FragStore;
 use crate::options::*;
 use crate::out::Out;
 use crate::shift;
+use crate::source::Source;
 use ferofs_compress::probe::{Probe, CHUNK};
 use ferofs_compress::{new_compressor, CompressorSpec, FixedOutputCompressor};
 use ferofs_format::zindex::{ExtentDesc, HeadKind};
 use rayon::prelude::*;
 use std::collections::HashMap;
-use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Compression settings for a build.
 #[derive(Debug, Clone)]
@@ -162,7 +162,7 @@ struct Piece {
 
 struct Job {
     file: usize,
-    path: PathBuf,
+    src: Source,
     start: u64,
     end: u64,
     alg: usize,
@@ -220,24 +220,12 @@ fn compress_segment(
     c: &Compression,
     bs: u64,
 ) -> Result<SegOut> {
-    use std::io::{Read, Seek, SeekFrom};
     let len = (job.end - job.start) as usize;
     // Read into fresh capacity (no zeroing first: small files are most jobs).
     let mut data = Vec::with_capacity(len);
-    let mut f = File::open(&job.path).map_err(io_err(&job.path, "compress: open"))?;
-    if job.start > 0 {
-        f.seek(SeekFrom::Start(job.start))
-            .map_err(io_err(&job.path, "compress: seek"))?;
-    }
-    f.take(len as u64)
-        .read_to_end(&mut data)
-        .map_err(io_err(&job.path, "compress: read"))?;
-    if data.len() != len {
-        return Err(BuildError::Invalid {
-            path: job.path.clone(),
-            what: "file shrank while it was being read".into(),
-        });
-    }
+    job.src
+        .open(job.end)?
+        .read_into(job.start, len, &mut data)?;
     if job.frag == FragMode::Whole {
         return Ok(SegOut {
             pieces: vec![Piece {
@@ -454,7 +442,7 @@ impl Recompress<'_> {
     fn pieces(&mut self, job: &Job, data: &[u8], start: u64) -> Result<Vec<Piece>> {
         let sub = Job {
             file: job.file,
-            path: job.path.clone(),
+            src: job.src.clone(),
             start,
             end: start + data.len() as u64,
             alg: job.alg,
@@ -834,7 +822,7 @@ struct Pending {
 /// What the committer needs to know about each file to decide on inlining.
 pub struct FileReq {
     pub id: usize,
-    pub path: PathBuf,
+    pub src: Source,
     pub size: u64,
     pub rel: Vec<u8>,
     /// Bytes the inode needs before the map header (core + xattrs).
@@ -872,13 +860,7 @@ pub fn store_all(
     let holey: Vec<bool> = pool.install(|| {
         files
             .par_iter()
-            .map(|f| {
-                !f.skip
-                    && File::open(&f.path)
-                        .ok()
-                        .and_then(|h| data_segments(&h, f.size))
-                        .is_some()
-            })
+            .map(|f| !f.skip && f.src.open(f.size).ok().and_then(|h| h.segments()).is_some())
             .collect()
     });
     let shift_on = pcl.is_some();
@@ -906,7 +888,7 @@ pub fn store_all(
             let e = (s + seg).min(f.size);
             jobs.push(Job {
                 file: fi,
-                path: f.path.clone(),
+                src: f.src.clone(),
                 start: s,
                 end: e,
                 alg,
@@ -1188,7 +1170,7 @@ fn store_raw(
     };
     let d = match raw {
         Some(bytes) if bytes.len() as u64 == f.size => dw.store_bytes(bytes, f.inline_tail)?,
-        _ => dw.store_file(&f.path, f.size, f.inline_tail)?,
+        _ => dw.store_file(&f.src, f.size, f.inline_tail)?,
     };
     *next_blk = dw.next_blk;
     Ok(Stored::Data(d))

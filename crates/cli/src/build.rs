@@ -3,7 +3,9 @@
 use crate::report::{peak_rss_bytes, ProgressView, Summary};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ferofs_builder::{parse_hints, BuildOptions, Compression, Fragments, Progress, UuidChoice};
+use ferofs_builder::{
+    parse_hints, BuildOptions, Compression, Fragments, Progress, TarInput, UuidChoice,
+};
 use ferofs_compress::CompressorSpec;
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -12,13 +14,39 @@ use std::time::Instant;
 
 #[derive(Args)]
 pub struct BuildArgs {
-    /// Source directory.
-    source: PathBuf,
-    /// Output image (written to a temporary file and renamed on success).
-    image: PathBuf,
-    /// Block size in bytes: 512, 1024, 2048 or 4096.
-    #[arg(short = 'b', long, default_value_t = 4096)]
-    block_size: u32,
+    /// `SOURCE IMAGE`: the source directory and the output image (written to a
+    /// temporary file and renamed on success); with `--tar`, only `IMAGE`.
+    #[arg(required = true, num_args = 1..=2, value_name = "SOURCE] [IMAGE")]
+    paths: Vec<PathBuf>,
+    /// Build from a tar archive instead of a directory: a file or `-` for stdin;
+    /// gzip, xz, zstd and bzip2 streams are detected. Repeat it to flatten a stack of
+    /// OCI layers into one tree (later layers win, whiteouts applied).
+    #[arg(long, value_name = "FILE|-")]
+    tar: Vec<std::ffi::OsString>,
+    /// Tar input: OCI whiteouts (`.wh.NAME`, `.wh..wh..opq`) become overlayfs
+    /// whiteouts (char 0:0) and opaque directories (`trusted.overlay.opaque=y`).
+    #[arg(long)]
+    aufs: bool,
+    /// Leave overlayfs whiteouts (char 0:0) and `trusted.overlay.opaque` out of the
+    /// image (`--ovlfs-strip` or `--ovlfs-strip=1`; `=0` keeps them).
+    #[arg(
+        long,
+        value_name = "0|1",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "1"
+    )]
+    ovlfs_strip: Option<u8>,
+    /// Block size in bytes: 512, 1024, 2048 or 4096 (default 4096; 512 with
+    /// --tar-index).
+    #[arg(short = 'b', long)]
+    block_size: Option<u32>,
+    /// Tar index mode (mkfs.erofs's `--tar=i`): the image holds metadata only, its
+    /// regular files point into the (uncompressed) tar, which is mounted beside it as
+    /// an extra device: `mount -t erofs -o ro,loop,device=/dev/loopN IMAGE DIR` with
+    /// the tar on loop device N (`losetup -r`). 512-byte blocks.
+    #[arg(long, requires = "tar")]
+    tar_index: bool,
     /// Make every file owned by root (uid 0, gid 0).
     #[arg(long)]
     all_root: bool,
@@ -138,13 +166,21 @@ fn parse_uuid(s: &str) -> Result<UuidChoice> {
 
 pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
     let mut o = BuildOptions::default();
-    if !(512..=4096).contains(&a.block_size) || !a.block_size.is_power_of_two() {
-        bail!(
-            "--block-size must be 512, 1024, 2048 or 4096 (got {})",
-            a.block_size
-        );
+    let block_size = a.block_size.unwrap_or(if a.tar_index { 512 } else { 4096 });
+    if !(512..=4096).contains(&block_size) || !block_size.is_power_of_two() {
+        bail!("--block-size must be 512, 1024, 2048 or 4096 (got {block_size})");
     }
-    o.block_size = a.block_size;
+    o.block_size = block_size;
+    o.tar_index = a.tar_index;
+    o.aufs = a.aufs;
+    o.ovlfs_strip = match a.ovlfs_strip {
+        None | Some(0) => false,
+        Some(1) => true,
+        Some(n) => bail!("--ovlfs-strip={n}: 0 or 1"),
+    };
+    if a.aufs && a.tar.is_empty() {
+        bail!("--aufs applies to tar input (--tar)");
+    }
     o.all_root = a.all_root;
     o.force_uid = a.force_uid;
     o.force_gid = a.force_gid;
@@ -194,7 +230,7 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
                 .split(':')
                 .map(|s| CompressorSpec::parse(s).with_context(|| format!("-z {s:?}")))
                 .collect::<Result<_>>()?,
-            pcluster_size: a.pcluster_size.unwrap_or(a.block_size),
+            pcluster_size: a.pcluster_size.unwrap_or(block_size),
             ztailpacking: ztail,
             ..Compression::default()
         };
@@ -226,14 +262,39 @@ pub fn run(a: BuildArgs) -> Result<()> {
         opts.progress = Some(p.clone());
         ProgressView::start(p)
     });
-    let built = ferofs_builder::build_from_dir(&a.source, &a.image, &opts);
+    let (source, image) = match (a.tar.is_empty(), a.paths.as_slice()) {
+        (true, [s, i]) => (s.display().to_string(), i.clone()),
+        (false, [i]) => {
+            let names: Vec<String> = a
+                .tar
+                .iter()
+                .map(|t| t.to_string_lossy().into_owned())
+                .collect();
+            (format!("tar {}", names.join(" + ")), i.clone())
+        }
+        (true, _) => bail!("build: give SOURCE and IMAGE (or --tar FILE and IMAGE)"),
+        (false, _) => bail!("build --tar: give only the output IMAGE as a path"),
+    };
+    let built = if a.tar.is_empty() {
+        ferofs_builder::build_from_dir(&a.paths[0], &image, &opts)
+    } else {
+        let inputs: Vec<TarInput> = a.tar.iter().map(|t| TarInput::parse(t)).collect();
+        if inputs
+            .iter()
+            .filter(|i| matches!(i, TarInput::Stdin))
+            .count()
+            > 1
+        {
+            bail!("--tar -: stdin can be read once");
+        }
+        ferofs_builder::build_from_tars(&inputs, &image, &opts)
+    };
     if let Some(v) = view {
         v.finish();
     }
-    let report = built
-        .with_context(|| format!("building {} from {}", a.image.display(), a.source.display()))?;
+    let report = built.with_context(|| format!("building {} from {source}", image.display()))?;
     let summary = Summary {
-        image: &a.image,
+        image: &image,
         report: &report,
         seconds: t0.elapsed().as_secs_f64(),
         threads: opts.worker_threads(),

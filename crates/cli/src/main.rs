@@ -3,12 +3,14 @@
 
 mod build;
 mod check;
+mod compat;
 mod diff;
 mod export;
 mod extract;
 mod fmt;
 mod inspect;
 mod list;
+mod mount;
 mod report;
 mod tarw;
 
@@ -66,6 +68,8 @@ enum Cmd {
     /// every problem. Exit status 0 when clean, 1 when problems were found, 2 when the
     /// image cannot be opened.
     Check(check::CheckArgs),
+    /// Mount an image through FUSE, read-only (in the background unless -f).
+    Mount(mount::MountArgs),
     /// Show the superblock, features, counts and sizes.
     Inspect {
         image: PathBuf,
@@ -90,6 +94,7 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::Diff(_) => unreachable_diff(),
         Cmd::Check(_) => unreachable_diff(),
         Cmd::Inspect { image, json } => inspect::inspect(&image, json),
+        Cmd::Mount(a) => mount::run(a),
     }
 }
 
@@ -99,7 +104,68 @@ fn unreachable_diff() -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Drop-in: run as `mkfs.erofs` (a symlink) or as `ferofs mkfs ...`, take
+    // mkfs.erofs's command line (see compat.rs).
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let prog = argv
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .and_then(|s| s.to_str())
+        .unwrap_or("");
+    // fsck.erofs and dump.erofs likewise (`ferofs fsck`, `ferofs dump`).
+    let (tool, rest) = match (prog, argv.get(1).and_then(|a| a.to_str())) {
+        ("mkfs.erofs" | "fsck.erofs" | "dump.erofs", _) => (
+            prog.trim_end_matches(".erofs"),
+            argv.get(1..).unwrap_or_default(),
+        ),
+        (_, Some(t @ ("mkfs" | "fsck" | "dump"))) => (t, argv.get(2..).unwrap_or_default()),
+        _ => ("", &[][..]),
+    };
+    let lines = match tool {
+        "fsck" => Some(compat::fsck_to_ferofs(rest).map(|v| vec![v])),
+        "dump" => Some(compat::dump_to_ferofs(rest)),
+        _ => None,
+    };
+    if let Some(lines) = lines {
+        let lines = match lines {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("{e:#}");
+                return ExitCode::FAILURE;
+            }
+        };
+        for l in lines {
+            let cli = Cli::parse_from(std::iter::once("ferofs".into()).chain(l));
+            let r = match cli.cmd {
+                // fsck.erofs: 1 for any problem found, as for an image that cannot
+                // be opened.
+                Cmd::Check(a) => check::run(a).and_then(|clean| {
+                    if clean {
+                        Ok(())
+                    } else {
+                        Err(anyhow::anyhow!("problems found"))
+                    }
+                }),
+                cmd => run(cmd),
+            };
+            if let Err(e) = r {
+                eprintln!("ferofs: error: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        }
+        return ExitCode::SUCCESS;
+    }
+    let mkfs_args = (tool == "mkfs").then_some(rest);
+    let cli = match mkfs_args {
+        Some(rest) => match compat::mkfs_to_build(rest) {
+            Ok(b) => Cli::parse_from(["ferofs".into(), "build".into()].into_iter().chain(b)),
+            Err(e) => {
+                eprintln!("{e:#}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => Cli::parse(),
+    };
     if let Cmd::Diff(a) = cli.cmd {
         // Like diff(1): 0 equal, 1 different, 2 trouble.
         return match diff::run(a) {

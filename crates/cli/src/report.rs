@@ -54,6 +54,10 @@ impl ProgressView {
                         bar.set_message("metadata");
                     }
                 } else {
+                    let s = p.scanned();
+                    if s > 0 {
+                        bar.set_message(format!("scanning {}", BinaryBytes(s)));
+                    }
                     bar.tick();
                 }
                 match rx.recv_timeout(POLL) {

@@ -40,4 +40,4 @@ pub use image::{Image, ImageInfo};
 pub use inode::Inode;
 pub use source::Source;
 pub use xattr::Xattr;
-pub use zdata::ReadCtx;
+pub use zdata::{DataSpan, ReadCtx, SpanKind};

@@ -535,6 +535,71 @@ impl<S: Source> Image<S> {
         let e = self.z_map(&mut ctx.meta, ino, &zi, pos)?;
         Ok((e.end, matches!(e.src, ZSrc::Hole)))
     }
+    /// The stretch of file data holding logical offset `pos` and what it is made of, for
+    /// callers that cache decoded data by extent (the FUSE mount); None at or past the
+    /// end of the file. An [`SpanKind::Encoded`] span read whole with
+    /// [`Image::read_at_with`] (offset `start`, length `end - start`) is decoded straight
+    /// into the caller's buffer: one pcluster read, one decompression.
+    pub fn data_span(&self, ctx: &mut ReadCtx, ino: &Inode, pos: u64) -> Result<Option<DataSpan>> {
+        if pos >= ino.size {
+            return Ok(None);
+        }
+        let (start, end, kind) = if ino.layout.is_compressed() {
+            let zi = self.ctx_zinfo(ctx, ino)?;
+            let e = self.z_map(&mut ctx.meta, ino, &zi, pos)?;
+            let kind = match e.src {
+                ZSrc::Hole => SpanKind::Hole,
+                ZSrc::Fragment { .. } => SpanKind::Fragment,
+                ZSrc::Pcluster { len, .. } | ZSrc::Inline { len, .. } => {
+                    self.check_span(ino, &e)?;
+                    SpanKind::Encoded { stored: len }
+                }
+            };
+            (e.la, e.end, kind)
+        } else {
+            let run = self.map_flat(ino, pos)?;
+            let kind = match run.src {
+                crate::data::Src::Hole => SpanKind::Hole,
+                _ => SpanKind::Stored,
+            };
+            (run.start, run.start.saturating_add(run.len), kind)
+        };
+        let end = end.min(ino.size);
+        if pos < start || pos >= end {
+            return Err(corrupt(
+                CorruptKind::BadLcluster,
+                Some(ino.nid),
+                Some(pos),
+                Some(start),
+                "mapping does not cover the offset",
+            ));
+        }
+        Ok(Some(DataSpan { start, end, kind }))
+    }
+}
+
+/// What a [`DataSpan`] is made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpanKind {
+    /// Zeros: nothing is stored.
+    Hole,
+    /// Bytes stored as they are (uncompressed layouts, inline tails): a read costs a copy.
+    Stored,
+    /// One extent of a compressed file (compressed, or stored plain in a pcluster):
+    /// reading any of it costs reading `stored` bytes and decoding.
+    Encoded { stored: u64 },
+    /// In the packed inode (fragments): read through [`Image::read_at`], whose shared
+    /// cache keeps the packed inode's decoded extents.
+    Fragment,
+}
+
+/// Logical bytes `[start, end)` of a file that come from one place (see
+/// [`Image::data_span`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataSpan {
+    pub start: u64,
+    pub end: u64,
+    pub kind: SpanKind,
 }
 
 /// `dst` from `src[from..]`; None when `src` is too short.

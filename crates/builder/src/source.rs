@@ -1,0 +1,170 @@
+//! Where a regular file's bytes come from: the one thing the data stages (`place`,
+//! `data`, `zdata`, `dedupe`) know about an input. A directory scan gives each file its
+//! own path; a tar stream gives byte ranges of the tar itself (read in place) or of a
+//! spool file its contents were copied to. Another input (a SquashFS or EROFS image
+//! read through a reader) adds a variant here and the arms of [`Reader`]; nothing else
+//! in the pipeline changes.
+//!
+//! A file is `size` logical bytes. Whatever no data segment covers is a hole: it reads
+//! as zeros, and the data stages keep it a hole (null chunks) when it spans a chunk.
+
+use crate::options::*;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// One data segment of a file: logical bytes `[start, start + len)` are at byte `at`
+/// of the backing file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub start: u64,
+    pub len: u64,
+    pub at: u64,
+}
+
+/// A regular file's contents.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// A file of its own, from offset 0 (directory input, the builder's own spools);
+    /// holes are found with SEEK_DATA/SEEK_HOLE.
+    Path(PathBuf),
+    /// All `size` bytes, contiguous from byte `at` of a shared backing file.
+    Range { file: Arc<Path>, at: u64 },
+    /// Data segments of a shared backing file (sorted, not overlapping, inside the
+    /// file's size); the rest is holes.
+    Sparse {
+        file: Arc<Path>,
+        segs: Arc<[Segment]>,
+    },
+    /// On an extra device of the image, contiguous from block `blkaddr` (tar index
+    /// mode: the tar is the device). Never read: the image only points at it.
+    External { device: u16, blkaddr: u64 },
+}
+
+impl Source {
+    /// The file read for these bytes (for error messages).
+    pub fn path(&self) -> &Path {
+        match self {
+            Source::Path(p) => p,
+            Source::Range { file, .. } | Source::Sparse { file, .. } => file,
+            Source::External { .. } => Path::new("(extra device)"),
+        }
+    }
+
+    /// Open for reading a file of `size` bytes.
+    pub fn open(&self, size: u64) -> Result<Reader<'_>> {
+        if let Source::External { .. } = self {
+            return Err(BuildError::Options(
+                "internal: data on an extra device is not read".into(),
+            ));
+        }
+        let f = File::open(self.path()).map_err(io_err(self.path(), "data: open"))?;
+        Ok(Reader { src: self, f, size })
+    }
+}
+
+/// An open [`Source`].
+pub struct Reader<'a> {
+    src: &'a Source,
+    f: File,
+    size: u64,
+}
+
+impl Reader<'_> {
+    pub fn path(&self) -> &Path {
+        self.src.path()
+    }
+
+    /// Fill `buf` with the file's bytes from logical offset `off` (zeros in holes).
+    /// A read past what the backing file holds is `UnexpectedEof`.
+    pub fn read_exact_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        match self.src {
+            Source::Path(_) => self.f.read_exact_at(buf, off),
+            Source::Range { at, .. } => {
+                let end = off.checked_add(buf.len() as u64);
+                if end.is_none_or(|e| e > self.size) {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+                self.f.read_exact_at(buf, at + off)
+            }
+            Source::External { .. } => Err(std::io::ErrorKind::Unsupported.into()),
+            Source::Sparse { segs, .. } => {
+                let end = off
+                    .checked_add(buf.len() as u64)
+                    .filter(|&e| e <= self.size)
+                    .ok_or(std::io::ErrorKind::UnexpectedEof)?;
+                buf.fill(0);
+                // Bounded by the number of segments.
+                let first = segs.partition_point(|s| s.start + s.len <= off);
+                for s in &segs[first..] {
+                    if s.start >= end {
+                        break;
+                    }
+                    let a = s.start.max(off);
+                    let b = (s.start + s.len).min(end);
+                    let dst = &mut buf[(a - off) as usize..(b - off) as usize];
+                    self.f.read_exact_at(dst, s.at + (a - s.start))?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Append `len` bytes from logical offset `start` to `data` (fresh capacity,
+    /// no zeroing first for a file of its own).
+    pub fn read_into(&self, start: u64, len: usize, data: &mut Vec<u8>) -> Result<()> {
+        use std::io::{Read, Seek, SeekFrom};
+        let path = self.path();
+        let shrank = || BuildError::Invalid {
+            path: path.to_path_buf(),
+            what: "file shrank while it was being read".into(),
+        };
+        match self.src {
+            Source::Path(_) => {
+                let mut f = &self.f;
+                if start > 0 {
+                    f.seek(SeekFrom::Start(start))
+                        .map_err(io_err(path, "compress: seek"))?;
+                }
+                let before = data.len();
+                f.take(len as u64)
+                    .read_to_end(data)
+                    .map_err(io_err(path, "compress: read"))?;
+                if data.len() - before != len {
+                    return Err(shrank());
+                }
+            }
+            _ => {
+                let before = data.len();
+                data.resize(before + len, 0);
+                self.read_exact_at(&mut data[before..], start)
+                    .map_err(|e| match e.kind() {
+                        std::io::ErrorKind::UnexpectedEof => shrank(),
+                        _ => io_err(path, "compress: read")(e),
+                    })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Data segments `[start, end)` when the file has a hole, else None.
+    pub fn segments(&self) -> Option<Vec<(u64, u64)>> {
+        match self.src {
+            Source::Path(_) => crate::data::data_segments(&self.f, self.size),
+            Source::Range { .. } | Source::External { .. } => None,
+            Source::Sparse { segs, .. } => {
+                let mut v: Vec<(u64, u64)> = Vec::with_capacity(segs.len());
+                for s in segs.iter().filter(|s| s.len > 0) {
+                    let e = (s.start + s.len).min(self.size);
+                    match v.last_mut() {
+                        Some(l) if l.1 >= s.start => l.1 = l.1.max(e),
+                        _ => v.push((s.start, e)),
+                    }
+                }
+                let whole = v.len() == 1 && v[0] == (0, self.size);
+                (!whole && self.size > 0).then_some(v)
+            }
+        }
+    }
+}

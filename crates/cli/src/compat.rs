@@ -1,0 +1,555 @@
+//! Drop-in command lines: run as `mkfs.erofs` (a symlink to `ferofs`) or as
+//! `ferofs mkfs ...`, the binary takes mkfs.erofs's command line and turns it into the
+//! equivalent `ferofs build` command line. What ferofs implements behaves the same; an
+//! option it does not implement is an error naming it, never silently ignored.
+//!
+//! mkfs.erofs parses with getopt: short options take their value attached (`-zlz4hc`)
+//! or as the next argument (`-z lz4hc`); long options take `--opt=value` or
+//! `--opt value` (for those that need one); positional arguments are `IMAGE SOURCE`
+//! (the image first, unlike `ferofs build`).
+
+use anyhow::{bail, Result};
+use std::ffi::OsString;
+
+/// mkfs.erofs options ferofs knows but does not implement (a clear error).
+const UNSUPPORTED_LONG: [&str; 22] = [
+    "uid-offset",
+    "gid-offset",
+    "chunksize",
+    "mount-point",
+    "file-contexts",
+    "max-extent-bytes",
+    "mkfs-time",
+    "blobdev",
+    "dsunit",
+    "fsalignblks",
+    "hard-dereference",
+    "incremental",
+    "clean",
+    "offset",
+    "root-xattr-isize",
+    "async-queue-limit",
+    "gzinfo",
+    "vmdk-desc",
+    "zD",
+    "MZ",
+    "random-pclusterblks",
+    "random-algorithms",
+];
+
+/// Long options whose value may be the next argument.
+const LONG_WITH_VALUE: [&str; 10] = [
+    "force-uid",
+    "force-gid",
+    "exclude-path",
+    "exclude-regex",
+    "compress-hints",
+    "workers",
+    "sort",
+    "uid-offset",
+    "gid-offset",
+    "chunksize",
+];
+
+/// The `ferofs build` arguments (after `build`) for mkfs.erofs's `args` (after the
+/// program name).
+pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
+    let mut out: Vec<OsString> = Vec::new();
+    let mut pos: Vec<OsString> = Vec::new();
+    let mut tar: Option<char> = None;
+    let mut compress = false;
+    let mut sort_none = false;
+    let mut i = 0;
+    // Bounded: every pass consumes at least one argument.
+    while i < args.len() {
+        let raw = &args[i];
+        i += 1;
+        let Some(a) = raw.to_str() else {
+            // A non-UTF-8 argument can only be a path.
+            pos.push(raw.clone());
+            continue;
+        };
+        if a == "--" {
+            pos.extend(args[i..].iter().cloned());
+            break;
+        }
+        if let Some(long) = a.strip_prefix("--") {
+            let (name, inline) = match long.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_string())),
+                None => (long, None),
+            };
+            let mut value = || -> Result<String> {
+                if let Some(v) = &inline {
+                    return Ok(v.clone());
+                }
+                match args.get(i).and_then(|v| v.to_str()) {
+                    Some(v) if LONG_WITH_VALUE.contains(&name) => {
+                        i += 1;
+                        Ok(v.to_string())
+                    }
+                    _ => bail!("mkfs.erofs: option --{name} needs a value"),
+                }
+            };
+            match name {
+                "quiet" => out.push("--quiet".into()),
+                "all-root" => out.push("--all-root".into()),
+                "aufs" => out.push("--aufs".into()),
+                "ignore-mtime" => out.push("--ignore-mtime".into()),
+                // ferofs keeps each file's mtime by default, and -T sets all of them
+                // (mkfs.erofs's --all-time, its default).
+                "preserve-mtime" | "all-time" => {}
+                // Compressed tar streams are detected by their magic.
+                "ungzip" | "unxz" if inline.is_none() => {}
+                "ungzip" | "unxz" => {
+                    bail!("mkfs.erofs: --{name}=FILE (dumping the raw stream) is not implemented by ferofs")
+                }
+                "force-uid" | "force-gid" | "exclude-path" | "exclude-regex" | "compress-hints" => {
+                    let v = value()?;
+                    out.push(format!("--{name}").into());
+                    out.push(v.into());
+                }
+                "workers" => {
+                    let v = value()?;
+                    out.push("-j".into());
+                    out.push(v.into());
+                }
+                "sort" => match value()?.as_str() {
+                    "none" => sort_none = true,
+                    "path" => {}
+                    v => bail!("mkfs.erofs: --sort={v}: expected path or none"),
+                },
+                "tar" => {
+                    let v = inline.clone().unwrap_or_else(|| "f".into());
+                    tar = Some(match v.as_str() {
+                        "f" => 'f',
+                        "i" => 'i',
+                        _ => bail!(
+                            "mkfs.erofs: --tar={v} is not implemented by ferofs (f and i are)"
+                        ),
+                    });
+                }
+                "ovlfs-strip" => {
+                    let v = inline.clone().unwrap_or_else(|| "1".into());
+                    out.push(format!("--ovlfs-strip={v}").into());
+                }
+                "help" => {
+                    out.push("--help".into());
+                    return Ok(out);
+                }
+                "version" => {
+                    out.push("--version".into());
+                    return Ok(out);
+                }
+                n if UNSUPPORTED_LONG.contains(&n) => {
+                    bail!("mkfs.erofs: option --{n} is not implemented by ferofs")
+                }
+                n => bail!("mkfs.erofs: unknown option --{n}"),
+            }
+            continue;
+        }
+        if let Some(short) = a.strip_prefix('-').filter(|s| !s.is_empty()) {
+            let mut chars = short.chars();
+            let Some(opt) = chars.next() else {
+                continue;
+            };
+            let attached: String = chars.collect();
+            let mut value = || -> Result<String> {
+                if !attached.is_empty() {
+                    return Ok(attached.clone());
+                }
+                match args.get(i).and_then(|v| v.to_str()) {
+                    Some(v) => {
+                        i += 1;
+                        Ok(v.to_string())
+                    }
+                    None => bail!("mkfs.erofs: option -{opt} needs a value"),
+                }
+            };
+            match opt {
+                'z' => {
+                    compress = true;
+                    out.push("-z".into());
+                    out.push(value()?.into());
+                }
+                'C' | 'E' | 'b' | 'L' | 'U' | 'T' => {
+                    out.push(format!("-{opt}").into());
+                    out.push(value()?.into());
+                }
+                'm' => {
+                    let v = value()?;
+                    if v.contains(':') {
+                        bail!("mkfs.erofs: -m{v}: another algorithm for metadata is not implemented by ferofs");
+                    }
+                    out.push(format!("--metabox={v}").into());
+                }
+                'd' => {
+                    if value()?.trim() == "0" {
+                        out.push("--quiet".into());
+                    }
+                }
+                'x' => {
+                    let v = value()?;
+                    match v.trim().parse::<i64>() {
+                        Ok(n) if n >= 0 => {}
+                        _ => bail!(
+                            "mkfs.erofs: -x{v}: disabling xattrs is not implemented by ferofs"
+                        ),
+                    }
+                }
+                'h' => {
+                    out.push("--help".into());
+                    return Ok(out);
+                }
+                'V' => {
+                    out.push("--version".into());
+                    return Ok(out);
+                }
+                c => bail!("mkfs.erofs: unknown option -{c}"),
+            }
+            continue;
+        }
+        pos.push(raw.clone());
+    }
+    if !compress {
+        // mkfs.erofs's default is an uncompressed image.
+        out.push("-z".into());
+        out.push("none".into());
+    }
+    if sort_none {
+        out.push("--sort".into());
+        out.push("none".into());
+    }
+    let Some(image) = pos.first().cloned() else {
+        bail!("mkfs.erofs: missing IMAGE (usage: mkfs.erofs [OPTIONS] IMAGE SOURCE)");
+    };
+    let sources = &pos[1..];
+    match tar {
+        Some(mode) => {
+            if mode == 'i' {
+                out.push("--tar-index".into());
+            }
+            if sources.len() > 1 {
+                bail!("mkfs.erofs: one tar SOURCE at most (stdin without one)");
+            }
+            out.push("--tar".into());
+            out.push(sources.first().cloned().unwrap_or_else(|| "-".into()));
+            out.push(image);
+        }
+        None => {
+            let [src] = sources else {
+                bail!("mkfs.erofs: expected IMAGE SOURCE (one source directory)");
+            };
+            out.push(src.clone());
+            out.push(image);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(args: &[&str]) -> Result<Vec<String>> {
+        let a: Vec<OsString> = args.iter().map(OsString::from).collect();
+        Ok(mkfs_to_build(&a)?
+            .into_iter()
+            .map(|s| s.to_string_lossy().into_owned())
+            .collect())
+    }
+
+    #[test]
+    fn containerd_command_line() {
+        assert_eq!(
+            t(&[
+                "--tar=f",
+                "--aufs",
+                "--quiet",
+                "-Enoinline_data",
+                "--sort=none",
+                "-U",
+                "c0ffee00-0000-4000-8000-000000000001",
+                "-zlz4hc",
+                "layer.erofs"
+            ])
+            .expect("translate"),
+            [
+                "--aufs",
+                "--quiet",
+                "-E",
+                "noinline_data",
+                "-U",
+                "c0ffee00-0000-4000-8000-000000000001",
+                "-z",
+                "lz4hc",
+                "--sort",
+                "none",
+                "--tar",
+                "-",
+                "layer.erofs"
+            ]
+        );
+    }
+
+    #[test]
+    fn directory_build_and_defaults() {
+        assert_eq!(
+            t(&[
+                "-zlz4hc,level=12",
+                "-C",
+                "65536",
+                "-T0",
+                "--workers=2",
+                "out.img",
+                "src"
+            ])
+            .expect("translate"),
+            [
+                "-z",
+                "lz4hc,level=12",
+                "-C",
+                "65536",
+                "-T",
+                "0",
+                "-j",
+                "2",
+                "src",
+                "out.img"
+            ]
+        );
+        // No -z: uncompressed, as mkfs.erofs.
+        assert_eq!(
+            t(&["out.img", "src"]).expect("translate"),
+            ["-z", "none", "src", "out.img"]
+        );
+        assert_eq!(
+            t(&["--tar=i", "-b4096", "meta.erofs", "layer.tar"]).expect("translate"),
+            [
+                "-b",
+                "4096",
+                "-z",
+                "none",
+                "--tar-index",
+                "--tar",
+                "layer.tar",
+                "meta.erofs"
+            ]
+        );
+    }
+
+    #[test]
+    fn unimplemented_options_are_named() {
+        for (args, what) in [
+            (&["--file-contexts=x", "o", "s"][..], "--file-contexts"),
+            (&["--chunksize", "4096", "o", "s"][..], "--chunksize"),
+            (&["-x-1", "o", "s"][..], "-x-1"),
+            (&["--tar=headerball", "o"][..], "--tar=headerball"),
+            (&["--bogus", "o", "s"][..], "--bogus"),
+            (&["-Q", "o", "s"][..], "-Q"),
+        ] {
+            let e = t(args).expect_err("must fail").to_string();
+            assert!(e.contains(what), "{args:?}: {e}");
+        }
+        assert!(t(&["o"]).is_err());
+        assert!(t(&["o", "a", "b"]).is_err());
+    }
+}
+
+/// One parsed getopt-style argument: a long option (name, inline value), a short
+/// option with what follows it in the same argument, or a positional argument.
+enum Arg {
+    Long(String, Option<String>),
+    /// A short option and, for one that takes a value, the rest of its argument.
+    #[allow(dead_code)] // the value is read by no option ferofs implements yet (-d#)
+    Short(char, String),
+    Pos(OsString),
+}
+
+/// `with_value`: short options that take the rest of their argument as a value; the
+/// others may be grouped (`-sS`).
+fn split_args(args: &[OsString], with_value: &[char]) -> Vec<Arg> {
+    let mut v = Vec::new();
+    let mut rest = false;
+    for raw in args {
+        match raw.to_str() {
+            Some("--") if !rest => rest = true,
+            Some(a) if !rest && a.starts_with("--") => {
+                let long = &a[2..];
+                match long.split_once('=') {
+                    Some((n, val)) => v.push(Arg::Long(n.to_string(), Some(val.to_string()))),
+                    None => v.push(Arg::Long(long.to_string(), None)),
+                }
+            }
+            Some(a) if !rest && a.len() > 1 && a.starts_with('-') => {
+                let mut c = a[1..].chars();
+                // Bounded by the argument's length.
+                while let Some(opt) = c.next() {
+                    if with_value.contains(&opt) {
+                        v.push(Arg::Short(opt, c.collect()));
+                        break;
+                    }
+                    v.push(Arg::Short(opt, String::new()));
+                }
+            }
+            _ => v.push(Arg::Pos(raw.clone())),
+        }
+    }
+    v
+}
+
+fn one_image(prog: &str, pos: Vec<OsString>) -> Result<OsString> {
+    match <[OsString; 1]>::try_from(pos) {
+        Ok([img]) => Ok(img),
+        Err(_) => bail!("{prog}: expected one IMAGE"),
+    }
+}
+
+/// The `ferofs` command line (after the program name) for fsck.erofs's `args`:
+/// `check IMAGE`, or with `--extract=DIR`, `extract IMAGE DIR` (which reads and
+/// verifies every byte it writes).
+pub fn fsck_to_ferofs(args: &[OsString]) -> Result<Vec<OsString>> {
+    let mut pos = Vec::new();
+    let (mut extract, mut path) = (None::<String>, None::<String>);
+    let (mut overwrite, mut owner, mut xattrs) = (false, true, false);
+    for a in split_args(args, &['d']) {
+        match a {
+            Arg::Pos(p) => pos.push(p),
+            Arg::Short('d', _) | Arg::Short('a', _) | Arg::Short('A', _) | Arg::Short('y', _) => {}
+            Arg::Short('V', _) => return Ok(vec!["--version".into()]),
+            Arg::Short('h', _) => return Ok(vec!["check".into(), "--help".into()]),
+            Arg::Short(c, _) => bail!("fsck.erofs: option -{c} is not implemented by ferofs"),
+            Arg::Long(n, v) => match (n.as_str(), v) {
+                ("extract", v) => extract = Some(v.unwrap_or_default()),
+                ("path", Some(p)) => path = Some(p),
+                ("force", None) | ("preserve", None) | ("preserve-perms", None) => {}
+                ("no-preserve-perms", None) => {
+                    bail!("fsck.erofs: --no-preserve-perms is not implemented by ferofs")
+                }
+                ("overwrite", None) => overwrite = true,
+                ("preserve-owner", None) => owner = true,
+                ("no-preserve", None) | ("no-preserve-owner", None) => owner = false,
+                ("xattrs", None) => xattrs = true,
+                ("no-xattrs", None) => xattrs = false,
+                ("version", None) => return Ok(vec!["--version".into()]),
+                ("help", None) => return Ok(vec!["check".into(), "--help".into()]),
+                (n, _) => bail!("fsck.erofs: option --{n} is not implemented by ferofs"),
+            },
+        }
+    }
+    let image = one_image("fsck.erofs", pos)?;
+    match extract.filter(|d| !d.is_empty()) {
+        Some(dir) => {
+            let mut v: Vec<OsString> = vec!["extract".into(), image, dir.into()];
+            if let Some(p) = path {
+                v.extend(["--path".into(), p.into()]);
+            }
+            if overwrite {
+                v.push("--force".into());
+            }
+            if !owner {
+                v.push("--no-owner".into());
+            }
+            if !xattrs {
+                // fsck.erofs restores no xattrs unless asked.
+                v.push("--no-xattrs".into());
+            }
+            Ok(v)
+        }
+        None => {
+            if path.is_some() {
+                bail!("fsck.erofs: --path without --extract=DIR is not implemented by ferofs");
+            }
+            Ok(vec!["check".into(), image])
+        }
+    }
+}
+
+/// The `ferofs` command lines for dump.erofs's `args`: `-s`/`-S` show the superblock
+/// and counts (`inspect`), `--path=X` the inode (`stat`, with its extents), `--ls` its
+/// directory, `--cat` its contents.
+pub fn dump_to_ferofs(args: &[OsString]) -> Result<Vec<Vec<OsString>>> {
+    let mut pos = Vec::new();
+    let (mut sb, mut ls, mut cat, mut ext) = (false, false, false, false);
+    let mut path = None::<String>;
+    for a in split_args(args, &[]) {
+        match a {
+            Arg::Pos(p) => pos.push(p),
+            Arg::Short('s', _) | Arg::Short('S', _) => sb = true,
+            Arg::Short('e', _) => ext = true,
+            Arg::Short('V', _) => return Ok(vec![vec!["--version".into()]]),
+            Arg::Short('h', _) => return Ok(vec![vec!["inspect".into(), "--help".into()]]),
+            Arg::Short(c, _) => bail!("dump.erofs: option -{c} is not implemented by ferofs"),
+            Arg::Long(n, v) => match (n.as_str(), v) {
+                ("ls", None) => ls = true,
+                ("cat", None) => cat = true,
+                ("path", Some(p)) => path = Some(p),
+                ("version", None) => return Ok(vec![vec!["--version".into()]]),
+                ("help", None) => return Ok(vec![vec!["inspect".into(), "--help".into()]]),
+                (n, _) => bail!("dump.erofs: option --{n} is not implemented by ferofs"),
+            },
+        }
+    }
+    let image = one_image("dump.erofs", pos)?;
+    let mut cmds: Vec<Vec<OsString>> = Vec::new();
+    if sb || path.is_none() {
+        cmds.push(vec!["inspect".into(), image.clone()]);
+    }
+    if let Some(p) = path {
+        if ls {
+            cmds.push(vec!["ls".into(), image.clone(), p.clone().into()]);
+        } else if cat {
+            cmds.push(vec!["cat".into(), image.clone(), p.clone().into()]);
+        } else {
+            let _ = ext; // stat always shows the extents
+            cmds.push(vec!["stat".into(), image, p.into()]);
+        }
+    } else if ls || cat || ext {
+        bail!("dump.erofs: --ls, --cat and -e need --path=X (--nid is not implemented by ferofs)");
+    }
+    Ok(cmds)
+}
+
+#[cfg(test)]
+mod fsck_dump_tests {
+    use super::*;
+
+    fn os(a: &[&str]) -> Vec<OsString> {
+        a.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn fsck_lines() {
+        assert_eq!(
+            fsck_to_ferofs(&os(&["-d0", "img"])).expect("f"),
+            os(&["check", "img"])
+        );
+        assert_eq!(
+            fsck_to_ferofs(&os(&["--extract=out", "--overwrite", "--xattrs", "img"])).expect("f"),
+            os(&["extract", "img", "out", "--force"])
+        );
+        assert_eq!(
+            fsck_to_ferofs(&os(&["--extract=o", "--no-preserve-owner", "img"])).expect("f"),
+            os(&["extract", "img", "o", "--no-owner", "--no-xattrs"])
+        );
+        let e = fsck_to_ferofs(&os(&["--device=x", "img"])).expect_err("device");
+        assert!(e.to_string().contains("--device"), "{e}");
+    }
+
+    #[test]
+    fn dump_lines() {
+        assert_eq!(
+            dump_to_ferofs(&os(&["-s", "img"])).expect("d"),
+            [os(&["inspect", "img"])]
+        );
+        assert_eq!(
+            dump_to_ferofs(&os(&["--path=/etc", "--ls", "img"])).expect("d"),
+            [os(&["ls", "img", "/etc"])]
+        );
+        assert_eq!(
+            dump_to_ferofs(&os(&["-e", "--path=/a", "img"])).expect("d"),
+            [os(&["stat", "img", "/a"])]
+        );
+        let e = dump_to_ferofs(&os(&["--nid=36", "--ls", "img"])).expect_err("nid");
+        assert!(e.to_string().contains("--nid"), "{e}");
+    }
+}

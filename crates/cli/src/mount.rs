@@ -1,0 +1,184 @@
+//! `ferofs mount IMAGE DIR`: flags to [`ferofs_mount::Options`], and daemonising.
+//!
+//! Background by default without fork(2) (the process may already run threads): the
+//! command starts itself again as the daemon (hidden `--daemon-child`), in a new
+//! session, with its stdout and stderr on pipes, and waits. The daemon mounts, and
+//! either writes "ready" (the mount is up: the command exits 0, the daemon serves on
+//! with its output on /dev/null) or exits with its error on stderr, which the command
+//! prints and fails with.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+#[derive(Args)]
+pub struct MountArgs {
+    /// The image (a file; `--offset` when it starts inside one).
+    image: PathBuf,
+    /// The mount point (an existing directory).
+    dir: PathBuf,
+    /// Stay in the foreground (serve until unmounted or interrupted).
+    #[arg(short = 'f', long)]
+    foreground: bool,
+    /// Mount options, comma-separated: allow_other, cache=SIZE, threads=N, ra_threads=N,
+    /// suid, dev, default_permissions (default), no_default_permissions, ro.
+    #[arg(short = 'o', value_name = "OPTS")]
+    options: Vec<String>,
+    /// Byte offset of the image inside the file.
+    #[arg(long, default_value_t = 0, value_name = "BYTES")]
+    offset: u64,
+    /// Write every regular file, the first time its data is read, to FILE (paths relative
+    /// to the image root, one per line: the list `ferofs build --sort FILE` takes);
+    /// flushed when the mount ends.
+    #[arg(long, value_name = "FILE")]
+    record_access: Option<PathBuf>,
+    /// Report reader errors (corruption) on stderr as requests meet them (with -f).
+    #[arg(short, long)]
+    verbose: bool,
+    /// Internal: this process is the daemon of a background mount.
+    #[arg(long, hide = true)]
+    daemon_child: bool,
+}
+
+/// "64M", "1g", "4096", "512k" -> bytes.
+fn parse_size(s: &str) -> Result<usize> {
+    let t = s.trim();
+    let (num, mul) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m: usize = match c.to_ascii_lowercase() {
+                'k' => 1 << 10,
+                'm' => 1 << 20,
+                'g' => 1 << 30,
+                _ => bail!("cache={s}: unknown size suffix (k, m or g)"),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    let n: usize = num
+        .parse()
+        .with_context(|| format!("cache={s}: not a size"))?;
+    n.checked_mul(mul)
+        .with_context(|| format!("cache={s}: too large"))
+}
+
+fn options(a: &MountArgs) -> Result<ferofs_mount::Options> {
+    let mut o = ferofs_mount::Options::new(&a.image, &a.dir);
+    o.offset = a.offset;
+    o.record_access = a.record_access.clone();
+    o.verbose = a.verbose;
+    for opt in a
+        .options
+        .iter()
+        .flat_map(|s| s.split(','))
+        .filter(|s| !s.is_empty())
+    {
+        let (k, v) = match opt.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (opt, None),
+        };
+        let num = |v: Option<&str>| -> Result<usize> {
+            v.with_context(|| format!("-o {k} needs a value"))?
+                .parse()
+                .with_context(|| format!("-o {opt}: not a number"))
+        };
+        match k {
+            "allow_other" => o.allow_other = true,
+            "cache" => o.cache_bytes = parse_size(v.context("-o cache needs a size")?)?,
+            "threads" => o.threads = num(v)?.clamp(1, 256),
+            "ra_threads" => o.prefetch_threads = num(v)?.min(64),
+            "suid" => o.suid = true,
+            "dev" => o.dev = true,
+            "default_permissions" => o.default_permissions = true,
+            "no_default_permissions" => o.default_permissions = false,
+            "ro" => {}
+            "rw" => bail!("-o rw: EROFS images are read-only"),
+            _ => bail!("-o {opt}: unknown mount option"),
+        }
+    }
+    Ok(o)
+}
+
+pub fn run(a: MountArgs) -> Result<()> {
+    let o = options(&a)?;
+    if a.foreground {
+        let m = ferofs_mount::mount(&o)?;
+        return Ok(m.run()?);
+    }
+    if a.daemon_child {
+        return daemon(&o);
+    }
+    background()
+}
+
+/// The daemon: mount, tell the waiting command, serve.
+fn daemon(o: &ferofs_mount::Options) -> Result<()> {
+    let _ = rustix::process::setsid();
+    let m = ferofs_mount::mount(o)?;
+    // Everything named by a relative path is open now: do not pin the caller's directory.
+    let _ = std::env::set_current_dir("/");
+    let null = std::fs::OpenOptions::new().write(true).open("/dev/null")?;
+    // From here on nobody reads our pipes: stderr first, then "ready" and stdout.
+    rustix::stdio::dup2_stderr(&null)?;
+    {
+        let mut out = std::io::stdout().lock();
+        out.write_all(b"ready\n")?;
+        out.flush()?;
+    }
+    rustix::stdio::dup2_stdout(&null)?;
+    m.run()?;
+    Ok(())
+}
+
+/// The command: start the daemon and wait until the mount is up or the daemon failed.
+fn background() -> Result<()> {
+    let exe = std::env::current_exe().context("cannot find the ferofs executable")?;
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let mut cmd = Command::new(exe);
+    // glibc: every thread that allocates gets its own arena, and the dynamic mmap
+    // threshold soon puts the 1 MiB decoded extents in those arenas, where extents freed
+    // by other threads (cache eviction) fragment them. Two arenas and a fixed 256 KiB
+    // threshold (big buffers go back to the system when freed) keep the daemon's memory
+    // at its live size: 8 readers on 1 MiB pclusters with an 8 MiB cache peaked at
+    // 63-66 MiB without, 36 MiB with. Unless the caller set them.
+    for (k, v) in [
+        ("MALLOC_ARENA_MAX", "2"),
+        ("MALLOC_MMAP_THRESHOLD_", "262144"),
+    ] {
+        if std::env::var_os(k).is_none() {
+            cmd.env(k, v);
+        }
+    }
+    let mut child = cmd
+        .args(&args[..1])
+        .arg("--daemon-child")
+        .args(&args[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot start the mount daemon")?;
+    let mut said = Vec::new();
+    if let Some(mut out) = child.stdout.take() {
+        // Ends at "ready" + EOF (the daemon closes it) or when the daemon exits.
+        out.read_to_end(&mut said)?;
+    }
+    if said.starts_with(b"ready\n") {
+        return Ok(());
+    }
+    let mut err = Vec::new();
+    if let Some(mut e) = child.stderr.take() {
+        e.read_to_end(&mut err)?;
+    }
+    let status = child.wait()?;
+    let msg = String::from_utf8_lossy(&err);
+    let msg = msg.trim();
+    let msg = msg.strip_prefix("ferofs: error: ").unwrap_or(msg);
+    if msg.is_empty() {
+        bail!("the mount daemon failed ({status})");
+    }
+    bail!("{msg}")
+}

@@ -1,0 +1,278 @@
+//! Drop-in command lines: the binary run as `mkfs.erofs` (a symlink) or as
+//! `ferofs mkfs` takes mkfs.erofs's command line and builds the same image as the
+//! equivalent `ferofs build`; options it does not implement are errors naming them.
+
+mod common;
+use common::*;
+use ferofs_testkit::*;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// A small tree with a file, a symlink, a directory and an OCI whiteout.
+fn tree(root: &Path) {
+    std::fs::create_dir_all(root.join("etc/opt")).expect("mkdir");
+    std::fs::write(root.join("etc/hostname"), b"ferofs\n").expect("write");
+    let text: Vec<u8> = (0..200_000u32)
+        .flat_map(|i| format!("{i} ").into_bytes())
+        .collect();
+    std::fs::write(root.join("etc/opt/big.txt"), &text).expect("write");
+    std::os::unix::fs::symlink("hostname", root.join("etc/name")).expect("symlink");
+    std::fs::write(root.join("etc/.wh.gone"), b"").expect("write");
+}
+
+fn mkfs_symlink(dir: &Path) -> std::path::PathBuf {
+    let link = dir.join("mkfs.erofs");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ferofs"), &link).expect("symlink");
+    link
+}
+
+#[test]
+fn containerd_command_line_on_stdin_builds_what_ferofs_build_builds() {
+    let d = scratch("dropin-containerd");
+    let src = d.path().join("src");
+    tree(&src);
+    let layer = d.path().join("layer.tar");
+    let st = Command::new("tar")
+        .args(["--format=posix", "--sort=name", "-cf"])
+        .arg(&layer)
+        .arg("-C")
+        .arg(&src)
+        .arg(".")
+        .status()
+        .expect("tar");
+    assert!(st.success());
+    let uuid = "c0ffee00-0000-4000-8000-000000000001";
+    let mkfs = mkfs_symlink(d.path());
+    let a = d.path().join("a.erofs");
+    // containerd's EROFS differ: the layer on stdin.
+    let out = Command::new(&mkfs)
+        .args([
+            "--tar=f",
+            "--aufs",
+            "--quiet",
+            "-Enoinline_data",
+            "--sort=none",
+            "-U",
+            uuid,
+        ])
+        .arg("-zlz4hc")
+        .arg(&a)
+        .stdin(Stdio::from(std::fs::File::open(&layer).expect("open")))
+        .output()
+        .expect("run mkfs.erofs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout.is_empty(), "--quiet printed {:?}", out.stdout);
+    let b = d.path().join("b.erofs");
+    ok(&[
+        &"build",
+        &"-q",
+        &"--tar",
+        &layer,
+        &"--aufs",
+        &"-E",
+        &"noinline_data",
+        &"--sort",
+        &"none",
+        &"-U",
+        &uuid,
+        &"-z",
+        &"lz4hc",
+        &b,
+    ]);
+    assert_eq!(std::fs::read(&a).expect("a"), std::fs::read(&b).expect("b"));
+    // The whiteout became an overlayfs whiteout (char 0:0).
+    let st = json(&ok(&[&"stat", &"--json", &a, &"/etc/gone"]));
+    assert_eq!(st["type"], "char-device", "{st}");
+    assert_eq!(
+        (st["rdev"]["major"].as_u64(), st["rdev"]["minor"].as_u64()),
+        (Some(0), Some(0))
+    );
+    // `ferofs mkfs` takes the same command line.
+    let c = d.path().join("c.erofs");
+    let out = ferofs()
+        .args([
+            "mkfs",
+            "--tar=f",
+            "--aufs",
+            "--quiet",
+            "-Enoinline_data",
+            "--sort=none",
+            "-U",
+            uuid,
+            "-zlz4hc",
+        ])
+        .arg(&c)
+        .arg(&layer)
+        .output()
+        .expect("run ferofs mkfs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(&a).expect("a"), std::fs::read(&c).expect("c"));
+}
+
+#[test]
+fn directory_command_lines_and_unimplemented_options() {
+    let d = scratch("dropin-dir");
+    let src = d.path().join("src");
+    tree(&src);
+    let mkfs = mkfs_symlink(d.path());
+    let a = d.path().join("a.erofs");
+    let out = Command::new(&mkfs)
+        .args([
+            "-zlz4hc,level=12",
+            "-C65536",
+            "-Eztailpacking,fragments",
+            "-T0",
+            "--workers=2",
+            "--quiet",
+        ])
+        .arg(&a)
+        .arg(&src)
+        .output()
+        .expect("run mkfs.erofs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let b = d.path().join("b.erofs");
+    build(
+        &src,
+        &b,
+        &[
+            "-z",
+            "lz4hc,level=12",
+            "-C",
+            "65536",
+            "-E",
+            "ztailpacking,fragments",
+            "-T",
+            "0",
+            "-j",
+            "2",
+        ],
+    );
+    assert_eq!(std::fs::read(&a).expect("a"), std::fs::read(&b).expect("b"));
+    // No -z: an uncompressed image, as mkfs.erofs builds.
+    let u = d.path().join("u.erofs");
+    let out = Command::new(&mkfs)
+        .arg("--quiet")
+        .arg(&u)
+        .arg(&src)
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let info = json(&ok(&[&"inspect", &"--json", &u]));
+    assert!(!info.to_string().contains("lz4"), "{info}");
+    // Unimplemented options fail, name the option, and leave no image.
+    for opt in [
+        "--file-contexts=/etc/selinux/x",
+        "--uid-offset=5",
+        "--mkfs-time",
+        "-x-1",
+    ] {
+        let img = d.path().join("x.erofs");
+        let out = Command::new(&mkfs)
+            .arg(opt)
+            .arg(&img)
+            .arg(&src)
+            .output()
+            .expect("run");
+        assert!(!out.status.success(), "{opt} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let name = opt.split('=').next().unwrap_or(opt);
+        assert!(err.contains(name), "{opt}: {err}");
+        assert!(!img.exists(), "{opt} left an image");
+    }
+}
+
+fn tool_symlink(dir: &Path, name: &str) -> std::path::PathBuf {
+    let link = dir.join(name);
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ferofs"), &link).expect("symlink");
+    link
+}
+
+#[test]
+fn fsck_and_dump_command_lines() {
+    let d = scratch("dropin-fsck");
+    let src = d.path().join("src");
+    tree(&src);
+    let img = d.path().join("a.erofs");
+    build(&src, &img, &["-z", "lz4hc", "-E", "ztailpacking"]);
+    let fsck = tool_symlink(d.path(), "fsck.erofs");
+    let dump = tool_symlink(d.path(), "dump.erofs");
+    let st = Command::new(&fsck)
+        .arg("-d0")
+        .arg(&img)
+        .status()
+        .expect("fsck");
+    assert!(st.success());
+    // --extract=DIR: the tree, checked as it is written.
+    let x = d.path().join("x");
+    let out = Command::new(&fsck)
+        .arg(format!("--extract={}", x.display()))
+        .args(["--xattrs", "--preserve"])
+        .arg(&img)
+        .output()
+        .expect("fsck --extract");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let diff = ferofs()
+        .arg("diff")
+        .arg(&img)
+        .arg(&x)
+        .output()
+        .expect("diff");
+    assert!(
+        diff.status.success(),
+        "{}",
+        String::from_utf8_lossy(&diff.stdout)
+    );
+    // dump.erofs: superblock, a file's contents, a directory listing.
+    let out = Command::new(&dump)
+        .arg("-s")
+        .arg(&img)
+        .output()
+        .expect("dump -s");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Block size"));
+    let out = Command::new(&dump)
+        .args(["--path=/etc/hostname", "--cat"])
+        .arg(&img)
+        .output()
+        .expect("dump --cat");
+    assert_eq!(out.stdout, b"ferofs\n");
+    let out = Command::new(&dump)
+        .args(["--path=/etc", "--ls"])
+        .arg(&img)
+        .output()
+        .expect("dump --ls");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("hostname"));
+    // A damaged image fails the check; unimplemented options are named.
+    let mut bytes = std::fs::read(&img).expect("read");
+    let n = bytes.len();
+    bytes[n - 4096..].iter_mut().for_each(|b| *b ^= 0x5a);
+    let bad = d.path().join("bad.erofs");
+    std::fs::write(&bad, &bytes).expect("write");
+    let st = Command::new(&fsck).arg(&bad).output().expect("fsck bad");
+    assert!(!st.status.success(), "a damaged image passed");
+    for (tool, opt) in [(&fsck, "--device=/dev/null"), (&dump, "--nid=36")] {
+        let out = Command::new(tool).arg(opt).arg(&img).output().expect("run");
+        assert!(!out.status.success());
+        let name = opt.split('=').next().unwrap_or(opt);
+        assert!(String::from_utf8_lossy(&out.stderr).contains(name), "{opt}");
+    }
+}

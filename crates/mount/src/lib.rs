@@ -1,0 +1,272 @@
+//! # ferofs-mount — EROFS images through FUSE
+//!
+//! What it owns: serving an image read by `ferofs-reader` to the kernel's FUSE device
+//! (`fuser`, pure Rust: no libfuse; as root it mounts with mount(2), as a user through
+//! `fusermount3`), read-only, with several threads. What it does not own: anything
+//! about the format (the reader), flags and daemonising (the `ferofs mount` command).
+//!
+//! How a request flows:
+//!
+//! - [`mount`] opens the image (at `--offset`), checks the superblock and the root
+//!   inode, mounts, and returns once the kernel's INIT handshake is done: the mount is
+//!   usable when it returns, and every error before that is the caller's to report.
+//! - [`Mounted::run`] serves until the filesystem is unmounted (`umount`,
+//!   `fusermount3 -u`) or SIGINT/SIGTERM/SIGHUP arrives (then it unmounts itself).
+//!   `threads` event loops each read a request from their own clone of the FUSE device,
+//!   serve it and send the reply: a bounded pool, replies from the workers.
+//! - `fs` maps node ids to nids (the nid is the inode number, as in the kernel), builds
+//!   attributes (st_blocks and st_nlink as the kernel reports them), and maps reader
+//!   errors to errno (corrupt -> EIO, unsupported -> EOPNOTSUPP); a request that panics
+//!   gets EIO, the daemon lives on. Every change is refused with EROFS.
+//! - Reads go extent by extent: a compressed extent is decoded whole, once (single
+//!   flight: a second reader of the same pcluster waits for the first), kept in the
+//!   `cache` when it was read in part, and a sequential reader gets the next extents
+//!   decoded ahead by read-ahead threads. Inodes and directory listings share the same
+//!   byte budget. The kernel keeps pages, entries and attributes (the image never
+//!   changes, so with long timeouts).
+//! - `record` writes `--record-access`: each regular file's path on its first read.
+
+#![forbid(unsafe_code)]
+
+mod cache;
+mod fs;
+mod record;
+mod source;
+
+pub use fs::{ErofsFs, FsOptions};
+pub use source::OffsetFile;
+
+use ferofs_reader::Image;
+use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// What `ferofs mount` asks for.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub image: PathBuf,
+    pub mountpoint: PathBuf,
+    /// Where the image starts in its file.
+    pub offset: u64,
+    /// Budget of decoded data and metadata kept in memory.
+    pub cache_bytes: usize,
+    /// Request threads (event loops).
+    pub threads: usize,
+    /// Read-ahead threads (0: none).
+    pub prefetch_threads: usize,
+    pub allow_other: bool,
+    /// Kernel permission checks (modes, POSIX ACLs), as a kernel mount does.
+    pub default_permissions: bool,
+    /// Honour set-user-id bits and device nodes (`-o suid`, `-o dev`).
+    pub suid: bool,
+    pub dev: bool,
+    pub record_access: Option<PathBuf>,
+    /// Print reader errors (corruption reports) on stderr as requests meet them.
+    pub verbose: bool,
+}
+
+impl Options {
+    pub fn new(image: impl Into<PathBuf>, mountpoint: impl Into<PathBuf>) -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Options {
+            image: image.into(),
+            mountpoint: mountpoint.into(),
+            offset: 0,
+            cache_bytes: DEFAULT_CACHE_BYTES,
+            threads: (2 * cores).clamp(4, 16),
+            prefetch_threads: cores.clamp(1, 4),
+            allow_other: false,
+            default_permissions: true,
+            suid: false,
+            dev: false,
+            record_access: None,
+            verbose: false,
+        }
+    }
+}
+
+/// Default `-o cache=SIZE`.
+pub const DEFAULT_CACHE_BYTES: usize = 32 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("{path}")]
+    Open {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}")]
+    Image {
+        path: String,
+        #[source]
+        source: ferofs_reader::Error,
+    },
+    #[error("--record-access {path}")]
+    Record {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot mount on {path}")]
+    Mount {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A mounted image, ready to serve.
+pub struct Mounted {
+    session: Session<ErofsFs<OffsetFile>>,
+    /// Registered before the mount, so a signal that comes before [`Mounted::run`]
+    /// unmounts too (and does not kill the daemon with the mount left behind).
+    signals: signal_hook::iterator::Signals,
+    unmounter: SessionUnmounter,
+    mountpoint: PathBuf,
+    record: Option<(PathBuf, Arc<record::Recorder>)>,
+    shared: Arc<fs::Shared<OffsetFile>>,
+    verbose: bool,
+}
+
+fn shown(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// Open the image, mount it and complete the kernel handshake.
+pub fn mount(o: &Options) -> Result<Mounted, MountError> {
+    let f = std::fs::File::open(&o.image).map_err(|e| MountError::Open {
+        path: shown(&o.image),
+        source: e,
+    })?;
+    let src = OffsetFile::new(f, o.offset).map_err(|e| MountError::Open {
+        path: shown(&o.image),
+        source: e,
+    })?;
+    let img = Image::new(src).map_err(|e| MountError::Image {
+        path: shown(&o.image),
+        source: e,
+    })?;
+    // The root must load and be a directory, or the mount is refused here.
+    let root = img.inode(img.root_nid()).map_err(|e| MountError::Image {
+        path: shown(&o.image),
+        source: e,
+    })?;
+    if !root.is_dir() {
+        return Err(MountError::Image {
+            path: shown(&o.image),
+            source: ferofs_reader::Error::NotADirectory {
+                path: "/ (the root inode)".into(),
+            },
+        });
+    }
+    img.read_dir(&root).map_err(|e| MountError::Image {
+        path: shown(&o.image),
+        source: e,
+    })?;
+    let root_nid = img.root_nid();
+    let record = match &o.record_access {
+        Some(p) => Some((
+            p.clone(),
+            Arc::new(
+                record::Recorder::create(p, root_nid).map_err(|e| MountError::Record {
+                    path: shown(p),
+                    source: e,
+                })?,
+            ),
+        )),
+        None => None,
+    };
+    let shared = Arc::new(fs::Shared::new(img, o.cache_bytes, o.verbose));
+    let fsys = ErofsFs::new(
+        shared.clone(),
+        record.as_ref().map(|(_, r)| r.clone()),
+        &FsOptions {
+            prefetch_threads: o.prefetch_threads,
+            default_permissions: o.default_permissions,
+        },
+    )?;
+    let mut opts = vec![
+        MountOption::RO,
+        MountOption::FSName(shown(&o.image)),
+        MountOption::Subtype("ferofs".into()),
+    ];
+    if o.default_permissions {
+        opts.push(MountOption::DefaultPermissions);
+    }
+    if o.suid {
+        opts.push(MountOption::Suid);
+    }
+    if o.dev {
+        opts.push(MountOption::Dev);
+    }
+    let mut cfg = Config::default();
+    cfg.mount_options = opts;
+    cfg.acl = if o.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    cfg.n_threads = Some(o.threads.max(1));
+    cfg.clone_fd = true;
+    let signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ])?;
+    let mut session = Session::new(fsys, &o.mountpoint, &cfg).map_err(|e| MountError::Mount {
+        path: shown(&o.mountpoint),
+        source: e,
+    })?;
+    let unmounter = session.unmount_callable();
+    Ok(Mounted {
+        session,
+        signals,
+        unmounter,
+        mountpoint: o.mountpoint.clone(),
+        record,
+        shared,
+        verbose: o.verbose,
+    })
+}
+
+impl Mounted {
+    /// Serve requests until the filesystem is unmounted; SIGINT, SIGTERM and SIGHUP
+    /// unmount it. The access list (if any) is flushed before returning.
+    pub fn run(self) -> Result<(), MountError> {
+        let Mounted {
+            session,
+            mut signals,
+            mut unmounter,
+            mountpoint,
+            record,
+            shared,
+            verbose,
+        } = self;
+        let handle = signals.handle();
+        let mp = mountpoint.clone();
+        let waiter = std::thread::Builder::new()
+            .name("ferofs-signals".into())
+            .spawn(move || {
+                // Busy (a process has a file open): detach it, as `umount -l`.
+                if signals.forever().next().is_some() && unmounter.unmount().is_err() {
+                    let _ = rustix::mount::unmount(&mp, rustix::mount::UnmountFlags::DETACH);
+                }
+            })?;
+        let served = session.run();
+        handle.close();
+        let _ = waiter.join();
+        if verbose {
+            eprintln!("ferofs mount: {}", shared.stats_line());
+        }
+        if let Some((path, r)) = record {
+            r.flush().map_err(|e| MountError::Record {
+                path: shown(&path),
+                source: e,
+            })?;
+        }
+        served.map_err(MountError::Io)
+    }
+}

@@ -275,7 +275,9 @@ pub fn run(a: BuildArgs) -> Result<()> {
         (true, _) => bail!("build: give SOURCE and IMAGE (or --tar FILE and IMAGE)"),
         (false, _) => bail!("build --tar: give only the output IMAGE as a path"),
     };
-    let built = if a.tar.is_empty() {
+    let built = if a.tar.is_empty() && ferofs_builder::squashfs::is_squashfs(&a.paths[0]) {
+        ferofs_builder::build_from_squashfs(&a.paths[0], &image, &opts)
+    } else if a.tar.is_empty() {
         ferofs_builder::build_from_dir(&a.paths[0], &image, &opts)
     } else {
         let inputs: Vec<TarInput> = a.tar.iter().map(|t| TarInput::parse(t)).collect();

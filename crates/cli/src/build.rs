@@ -14,8 +14,9 @@ use std::time::Instant;
 
 #[derive(Args)]
 pub struct BuildArgs {
-    /// `SOURCE IMAGE`: the source directory and the output image (written to a
-    /// temporary file and renamed on success); with `--tar`, only `IMAGE`.
+    /// `SOURCE IMAGE`: the source directory (or a SquashFS image, detected by its
+    /// magic) and the output image (written to a temporary file and renamed on
+    /// success); with `--tar`, only `IMAGE`.
     #[arg(required = true, num_args = 1..=2, value_name = "SOURCE] [IMAGE")]
     paths: Vec<PathBuf>,
     /// Build from a tar archive instead of a directory: a file or `-` for stdin;

@@ -165,3 +165,33 @@ fn truncated_or_corrupt_squashfs_fails_and_leaves_nothing() {
 
     assert_only(d.path(), &["trunc.sqfs", "corrupt.sqfs", "badsb.sqfs"]);
 }
+
+#[test]
+fn build_options_apply_to_squashfs_input() {
+    let d = scratch("sqfs-opts");
+    let src = sqfs(d.path(), "zstd");
+    let img = d.path().join("out.erofs");
+    let plain = d.path().join("plain.erofs");
+    convert("build", &src, &plain, &[]);
+    let owners = ok(&[&"ls", &plain, &"/owners"]);
+    assert!(
+        owners
+            .lines()
+            .any(|l| l.split_whitespace().nth(2) != Some("0")),
+        "no owner other than root in /owners:\n{owners}"
+    );
+    convert(
+        "convert",
+        &src,
+        &img,
+        &["--all-root", "--exclude-path", "data", "-j", "1"],
+    );
+    let root = ok(&[&"ls", &img, &"/"]);
+    assert!(!root.contains(" data\n"), "/data not excluded:\n{root}");
+    assert!(root.contains(" owners\n"), "no /owners:\n{root}");
+    let owners = ok(&[&"ls", &img, &"/owners"]);
+    for l in owners.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        assert_eq!(f[2..4], ["0", "0"], "--all-root: {l}");
+    }
+}

@@ -38,6 +38,7 @@ mod dedupe;
 pub mod dir;
 mod frag;
 mod layout;
+mod lzo;
 mod metabox;
 mod nids;
 pub mod options;

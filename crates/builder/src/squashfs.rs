@@ -143,8 +143,7 @@ impl Img {
                 v.truncate(n);
                 v
             }
-            Comp::Lzo => lzokay_native::decompress_all(data, Some(max))
-                .map_err(|e| fail(format!("{e:?}")))?,
+            Comp::Lzo => crate::lzo::decompress(data, max).map_err(|e| fail(e.into()))?,
         };
         if out.len() > max {
             return Err(fail(format!("decodes to more than {max} bytes")));

@@ -305,19 +305,21 @@ struct SqInode {
     xattr: u32,
 }
 
+/// Where a regular file's data is.
+struct FileLoc {
+    start: u64,
+    size: u64,
+    frag: u32,
+    frag_off: u32,
+    blocks: Vec<u32>,
+}
+
+/// Where a directory's listing is: (start block, offset, size).
+type DirLoc = (u32, u16, u32);
+
 enum SqKind {
-    Dir {
-        start: u32,
-        offset: u16,
-        size: u32,
-    },
-    File {
-        start: u64,
-        size: u64,
-        frag: u32,
-        frag_off: u32,
-        blocks: Vec<u32>,
-    },
+    Dir { start: u32, offset: u16, size: u32 },
+    File(FileLoc),
     Symlink(Vec<u8>),
     Device(u32),
     Fifo,
@@ -403,13 +405,13 @@ fn read_inode(img: &mut Img, r: u64, ids: &[u32]) -> Result<SqInode> {
             let (b, _, _) = img.meta_read(blk, off, n as usize * 4)?;
             let blocks = (0..n as usize).map(|i| le32(&b, i * 4)).collect();
             (
-                SqKind::File {
+                SqKind::File(FileLoc {
                     start,
                     size,
                     frag,
                     frag_off,
                     blocks,
-                },
+                }),
                 S_IFREG,
             )
         }
@@ -585,16 +587,14 @@ struct Spool {
     frag_cache: Option<(u32, Arc<Vec<u8>>)>,
 }
 
-fn read_file(
-    img: &mut Img,
-    sp: &mut Spool,
-    frags: &[u8],
-    start: u64,
-    size: u64,
-    frag: u32,
-    frag_off: u32,
-    blocks: &[u32],
-) -> Result<Source> {
+fn read_file(img: &mut Img, sp: &mut Spool, frags: &[u8], loc: &FileLoc) -> Result<Source> {
+    let FileLoc {
+        start,
+        size,
+        frag,
+        frag_off,
+        ref blocks,
+    } = *loc;
     let key = (start, size, frag, frag_off);
     if let Some(s) = sp.seen.get(&key) {
         return Ok(s.clone());
@@ -779,7 +779,7 @@ pub fn scan_squashfs(image: &Path, spool_dir: &Path, opts: &BuildOptions) -> Res
               nodes: &mut Vec<Node>,
               ino: SqInode,
               rel: Vec<u8>|
-     -> Result<(InodeId, Option<(u32, u16, u32)>)> {
+     -> Result<(InodeId, Option<DirLoc>)> {
         if nodes.len() >= max_nodes.max(1) {
             return Err(img.bad(format!(
                 "more inodes reached than the superblock's {max_nodes}"
@@ -798,16 +798,9 @@ pub fn scan_squashfs(image: &Path, spool_dir: &Path, opts: &BuildOptions) -> Res
                     parent: 0,
                 }
             }
-            SqKind::File {
-                start,
-                size,
-                frag,
-                frag_off,
-                blocks,
-            } => Kind::File {
-                src: read_file(img, sp, &frags, start, size, frag, frag_off, &blocks)
-                    .map_err(|e| name_err(e, &rel))?,
-                size,
+            SqKind::File(loc) => Kind::File {
+                src: read_file(img, sp, &frags, &loc).map_err(|e| name_err(e, &rel))?,
+                size: loc.size,
             },
             SqKind::Symlink(t) => Kind::Symlink { target: t },
             SqKind::Device(rdev) => Kind::Device { rdev },

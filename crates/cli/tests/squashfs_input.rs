@@ -163,7 +163,17 @@ fn truncated_or_corrupt_squashfs_fails_and_leaves_nothing() {
     std::fs::write(&p, &b).expect("write");
     fails(&p, &out, "inode table");
 
-    assert_only(d.path(), &["trunc.sqfs", "corrupt.sqfs", "badsb.sqfs"]);
+    // The old lzma compressor is refused by name.
+    let l = d.path().join("lzma.sqfs");
+    let mut b = bytes.clone();
+    b[20..22].copy_from_slice(&2u16.to_le_bytes());
+    std::fs::write(&l, &b).expect("write");
+    fails(&l, &out, "the lzma compressor (id 2) is not supported");
+
+    assert_only(
+        d.path(),
+        &["trunc.sqfs", "corrupt.sqfs", "badsb.sqfs", "lzma.sqfs"],
+    );
 }
 
 #[test]

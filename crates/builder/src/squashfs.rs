@@ -317,6 +317,8 @@ struct FileLoc {
 /// Where a directory's listing is: (start block, offset, size).
 type DirLoc = (u32, u16, u32);
 
+type DedupeKey = (u64, u64, u32, u32, Vec<u32>);
+
 enum SqKind {
     Dir { start: u32, offset: u16, size: u32 },
     File(FileLoc),
@@ -581,8 +583,10 @@ struct Spool {
     w: BufWriter<File>,
     path: Arc<Path>,
     len: u64,
-    /// Deduplicated files: (first block, size, fragment, fragment offset) -> source.
-    seen: HashMap<(u64, u64, u32, u32), Source>,
+    /// Deduplicated files: (first block, size, fragment, fragment offset, block list)
+    /// -> source. The block list tells apart files at one position with other holes
+    /// (an all-sparse file and the next file's data can share a first block).
+    seen: HashMap<DedupeKey, Source>,
     /// The last fragment block decompressed.
     frag_cache: Option<(u32, Arc<Vec<u8>>)>,
 }
@@ -595,7 +599,7 @@ fn read_file(img: &mut Img, sp: &mut Spool, frags: &[u8], loc: &FileLoc) -> Resu
         frag_off,
         ref blocks,
     } = *loc;
-    let key = (start, size, frag, frag_off);
+    let key = (start, size, frag, frag_off, blocks.clone());
     if let Some(s) = sp.seen.get(&key) {
         return Ok(s.clone());
     }

@@ -38,6 +38,7 @@ mod dedupe;
 pub mod dir;
 mod frag;
 mod layout;
+mod lzo;
 mod metabox;
 mod nids;
 pub mod options;
@@ -50,6 +51,7 @@ mod sb;
 pub mod scan;
 mod shift;
 pub mod source;
+pub mod squashfs;
 pub mod tarball;
 mod write;
 pub mod xattrs;
@@ -91,6 +93,25 @@ pub fn build_from_tars(
     let t = tarball::scan_tars(inputs, dir, opts)?;
     let r = build_tree(t.tree, output, opts);
     drop(t.spools);
+    r
+}
+
+/// Build an image of the SquashFS image `image` at `output` (conversion). File
+/// contents are decompressed into a spool beside `output`; the spool is removed when
+/// the build ends, whatever the outcome.
+pub fn build_from_squashfs(
+    image: &Path,
+    output: &Path,
+    opts: &BuildOptions,
+) -> Result<BuildReport> {
+    opts.check()?;
+    let dir = match output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let t = squashfs::scan_squashfs(image, dir, opts)?;
+    let r = build_tree(t.tree, output, opts);
+    drop(t.spool);
     r
 }
 

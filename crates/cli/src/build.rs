@@ -14,8 +14,9 @@ use std::time::Instant;
 
 #[derive(Args)]
 pub struct BuildArgs {
-    /// `SOURCE IMAGE`: the source directory and the output image (written to a
-    /// temporary file and renamed on success); with `--tar`, only `IMAGE`.
+    /// `SOURCE IMAGE`: the source directory (or a SquashFS image, detected by its
+    /// magic) and the output image (written to a temporary file and renamed on
+    /// success); with `--tar`, only `IMAGE`.
     #[arg(required = true, num_args = 1..=2, value_name = "SOURCE] [IMAGE")]
     paths: Vec<PathBuf>,
     /// Build from a tar archive instead of a directory: a file or `-` for stdin;
@@ -275,7 +276,9 @@ pub fn run(a: BuildArgs) -> Result<()> {
         (true, _) => bail!("build: give SOURCE and IMAGE (or --tar FILE and IMAGE)"),
         (false, _) => bail!("build --tar: give only the output IMAGE as a path"),
     };
-    let built = if a.tar.is_empty() {
+    let built = if a.tar.is_empty() && ferofs_builder::squashfs::is_squashfs(&a.paths[0]) {
+        ferofs_builder::build_from_squashfs(&a.paths[0], &image, &opts)
+    } else if a.tar.is_empty() {
         ferofs_builder::build_from_dir(&a.paths[0], &image, &opts)
     } else {
         let inputs: Vec<TarInput> = a.tar.iter().map(|t| TarInput::parse(t)).collect();

@@ -33,7 +33,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Build an EROFS image from a directory.
+    /// Build an EROFS image from a directory, tar streams (`--tar`) or a SquashFS
+    /// image (`convert` is an alias).
+    #[command(alias = "convert")]
     Build(Box<build::BuildArgs>),
     /// List a directory of an image (like `ls -l`).
     Ls {

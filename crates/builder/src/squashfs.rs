@@ -1,0 +1,926 @@
+//! SquashFS (4.0, little-endian) input: an image read directly, rootless, with no
+//! temporary tree. Its metadata (inodes, directories, ids, xattrs, the fragment table)
+//! becomes a [`Tree`]; file contents are decompressed into one spool file beside the
+//! output and handed on as byte ranges of it ([`Source::Range`], or [`Source::Sparse`]
+//! when the file has sparse blocks, which stay holes). Hardlinks are inodes with the
+//! same inode number; files SquashFS deduplicated (same blocks) share one spool range.
+//!
+//! Compressors: gzip (zlib), lzo, xz, lz4, zstd. The old lzma compressor (id 2) is
+//! refused. Every count, offset and length read from the image is checked against the
+//! image's size, and every loop is bounded by a count the superblock or an inode gives.
+
+use crate::options::*;
+use crate::scan::{fix_nlinks, InodeId, Kind, Node, Tree};
+use crate::source::{Segment, Source};
+use ferofs_format::inode::*;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The magic at byte 0 of a SquashFS image.
+pub const MAGIC: &[u8; 4] = b"hsqs";
+
+/// Whether the file at `path` starts with the SquashFS magic.
+pub fn is_squashfs(path: &Path) -> bool {
+    let mut m = [0u8; 4];
+    File::open(path)
+        .and_then(|f| f.read_exact_at(&mut m, 0))
+        .is_ok_and(|_| &m == MAGIC)
+}
+
+/// What a SquashFS scan holds on to until the image is written: the spool file.
+pub struct SquashTree {
+    pub tree: Tree,
+    pub spool: tempfile::NamedTempFile,
+}
+
+const META_SIZE: usize = 8192;
+const NO_FRAGMENT: u32 = 0xffff_ffff;
+const NOT_SET: u64 = u64::MAX;
+/// Deepest directory nesting accepted.
+const MAX_DEPTH: usize = 4096;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Comp {
+    Gzip,
+    Lzo,
+    Xz,
+    Lz4,
+    Zstd,
+}
+
+struct Sb {
+    inode_count: u32,
+    block_size: u32,
+    frag_count: u32,
+    comp: Comp,
+    flags: u16,
+    id_count: u16,
+    root_inode: u64,
+    bytes_used: u64,
+    id_table: u64,
+    xattr_table: u64,
+    inode_table: u64,
+    dir_table: u64,
+    frag_table: u64,
+}
+
+fn le16(b: &[u8], o: usize) -> u16 {
+    u16::from_le_bytes([b[o], b[o + 1]])
+}
+fn le32(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
+}
+fn le64(b: &[u8], o: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[o..o + 8]);
+    u64::from_le_bytes(a)
+}
+
+struct Img {
+    f: File,
+    path: PathBuf,
+    sb: Sb,
+    /// Metadata blocks read so far: absolute position -> (contents, next block's position).
+    meta: HashMap<u64, (Arc<Vec<u8>>, u64)>,
+}
+
+impl Img {
+    fn bad(&self, what: String) -> BuildError {
+        BuildError::Invalid {
+            path: self.path.clone(),
+            what: format!("squashfs: {what}"),
+        }
+    }
+
+    fn read_at(&self, pos: u64, len: usize, what: &str) -> Result<Vec<u8>> {
+        let end = pos
+            .checked_add(len as u64)
+            .filter(|&e| e <= self.sb.bytes_used)
+            .ok_or_else(|| {
+                self.bad(format!(
+                    "{what} at byte {pos} (+{len}) lies beyond the image's end ({})",
+                    self.sb.bytes_used
+                ))
+            })?;
+        let _ = end;
+        let mut v = vec![0u8; len];
+        self.f.read_exact_at(&mut v, pos).map_err(|e| {
+            self.bad(format!(
+                "{what} at byte {pos} (+{len}): {e} (truncated image?)"
+            ))
+        })?;
+        Ok(v)
+    }
+
+    fn decompress(&self, data: &[u8], max: usize, at: u64) -> Result<Vec<u8>> {
+        let fail = |e: String| self.bad(format!("{:?} block at byte {at}: {e}", self.sb.comp));
+        let out = match self.sb.comp {
+            Comp::Gzip => {
+                let mut v = Vec::with_capacity(max);
+                flate2::read::ZlibDecoder::new(data)
+                    .take(max as u64 + 1)
+                    .read_to_end(&mut v)
+                    .map_err(|e| fail(e.to_string()))?;
+                v
+            }
+            Comp::Xz => {
+                let mut v = Vec::with_capacity(max);
+                liblzma::read::XzDecoder::new(data)
+                    .take(max as u64 + 1)
+                    .read_to_end(&mut v)
+                    .map_err(|e| fail(e.to_string()))?;
+                v
+            }
+            Comp::Zstd => zstd::bulk::decompress(data, max).map_err(|e| fail(e.to_string()))?,
+            Comp::Lz4 => {
+                let mut v = vec![0u8; max];
+                let n = lz4_flex::block::decompress_into(data, &mut v)
+                    .map_err(|e| fail(e.to_string()))?;
+                v.truncate(n);
+                v
+            }
+            Comp::Lzo => crate::lzo::decompress(data, max).map_err(|e| fail(e.into()))?,
+        };
+        if out.len() > max {
+            return Err(fail(format!("decodes to more than {max} bytes")));
+        }
+        Ok(out)
+    }
+
+    /// The metadata block at absolute `pos`: its contents and the next block's position.
+    fn meta_block(&mut self, pos: u64) -> Result<(Arc<Vec<u8>>, u64)> {
+        if let Some(b) = self.meta.get(&pos) {
+            return Ok(b.clone());
+        }
+        let h = self.read_at(pos, 2, "metadata block header")?;
+        let h = le16(&h, 0);
+        let len = (h & 0x7fff) as usize;
+        if len == 0 || len > META_SIZE {
+            return Err(self.bad(format!("metadata block at byte {pos}: bad length {len}")));
+        }
+        let raw = self.read_at(pos + 2, len, "metadata block")?;
+        let data = if h & 0x8000 != 0 {
+            raw
+        } else {
+            self.decompress(&raw, META_SIZE, pos)?
+        };
+        let next = pos + 2 + len as u64;
+        let b = (Arc::new(data), next);
+        self.meta.insert(pos, b.clone());
+        Ok(b)
+    }
+
+    /// `len` bytes of metadata from block `blk` (absolute), offset `off`; returns them
+    /// and the position after them.
+    fn meta_read(
+        &mut self,
+        mut blk: u64,
+        mut off: usize,
+        len: usize,
+    ) -> Result<(Vec<u8>, u64, usize)> {
+        let mut out = Vec::with_capacity(len);
+        // Bounded: each round consumes at least one byte or fails.
+        while out.len() < len {
+            let (b, next) = self.meta_block(blk)?;
+            if off >= b.len() {
+                if off == b.len() {
+                    blk = next;
+                    off = 0;
+                    continue;
+                }
+                return Err(self.bad(format!(
+                    "metadata reference {blk}:{off} past its block's {} bytes",
+                    b.len()
+                )));
+            }
+            let n = (len - out.len()).min(b.len() - off);
+            out.extend_from_slice(&b[off..off + n]);
+            off += n;
+            if off == b.len() {
+                blk = next;
+                off = 0;
+            }
+        }
+        Ok((out, blk, off))
+    }
+
+    /// A table of `count` fixed-size entries, located by its index of block pointers at `at`.
+    fn table(&mut self, at: u64, count: usize, entry: usize, what: &str) -> Result<Vec<u8>> {
+        let bytes = count
+            .checked_mul(entry)
+            .ok_or_else(|| self.bad(format!("{what}: {count} entries")))?;
+        let blocks = bytes.div_ceil(META_SIZE);
+        let index = self.read_at(at, blocks * 8, what)?;
+        let mut out = Vec::with_capacity(bytes);
+        for i in 0..blocks {
+            let pos = le64(&index, i * 8);
+            let (b, _) = self.meta_block(pos)?;
+            out.extend_from_slice(&b);
+        }
+        if out.len() < bytes {
+            return Err(self.bad(format!("{what}: {} bytes, {bytes} wanted", out.len())));
+        }
+        out.truncate(bytes);
+        Ok(out)
+    }
+}
+
+fn superblock(f: &File, path: &Path) -> Result<Sb> {
+    let bad = |what: String| BuildError::Invalid {
+        path: path.to_path_buf(),
+        what: format!("squashfs: {what}"),
+    };
+    let len = f.metadata().map_err(io_err(path, "squashfs: stat"))?.len();
+    let mut b = [0u8; 96];
+    f.read_exact_at(&mut b, 0)
+        .map_err(|e| bad(format!("superblock: {e} (image of {len} bytes)")))?;
+    if &b[0..4] != MAGIC {
+        return Err(bad("no SquashFS magic (hsqs) at byte 0".into()));
+    }
+    let (major, minor) = (le16(&b, 28), le16(&b, 30));
+    if (major, minor) != (4, 0) {
+        return Err(bad(format!("version {major}.{minor}; only 4.0 is read")));
+    }
+    let comp = match le16(&b, 20) {
+        1 => Comp::Gzip,
+        3 => Comp::Lzo,
+        4 => Comp::Xz,
+        5 => Comp::Lz4,
+        6 => Comp::Zstd,
+        2 => return Err(bad("the lzma compressor (id 2) is not supported".into())),
+        c => return Err(bad(format!("unknown compressor id {c}"))),
+    };
+    let block_size = le32(&b, 12);
+    let block_log = le16(&b, 22);
+    if !(12..=20).contains(&block_log) || block_size != 1 << block_log {
+        return Err(bad(format!(
+            "block size {block_size} (log {block_log}) is not a power of two in 4K..1M"
+        )));
+    }
+    let sb = Sb {
+        inode_count: le32(&b, 4),
+        block_size,
+        frag_count: le32(&b, 16),
+        comp,
+        flags: le16(&b, 24),
+        id_count: le16(&b, 26),
+        root_inode: le64(&b, 32),
+        bytes_used: le64(&b, 40),
+        id_table: le64(&b, 48),
+        xattr_table: le64(&b, 56),
+        inode_table: le64(&b, 64),
+        dir_table: le64(&b, 72),
+        frag_table: le64(&b, 80),
+    };
+    if sb.bytes_used > len {
+        return Err(bad(format!(
+            "truncated: the superblock says {} bytes, the file has {len}",
+            sb.bytes_used
+        )));
+    }
+    for (name, t) in [
+        ("inode table", sb.inode_table),
+        ("directory table", sb.dir_table),
+        ("id table", sb.id_table),
+    ] {
+        if t >= sb.bytes_used {
+            return Err(bad(format!("{name} at byte {t}, past the image's end")));
+        }
+    }
+    Ok(sb)
+}
+
+/// One inode, as read.
+struct SqInode {
+    kind: SqKind,
+    mode: u16,
+    uid: u32,
+    gid: u32,
+    mtime: u32,
+    number: u32,
+    xattr: u32,
+}
+
+/// Where a regular file's data is.
+struct FileLoc {
+    start: u64,
+    size: u64,
+    frag: u32,
+    frag_off: u32,
+    blocks: Vec<u32>,
+}
+
+/// Where a directory's listing is: (start block, offset, size).
+type DirLoc = (u32, u16, u32);
+
+type DedupeKey = (u64, u64, u32, u32, Vec<u32>);
+
+enum SqKind {
+    Dir { start: u32, offset: u16, size: u32 },
+    File(FileLoc),
+    Symlink(Vec<u8>),
+    Device(u32),
+    Fifo,
+    Socket,
+}
+
+/// Read the inode at metadata reference `r` (block << 16 | offset, block relative to
+/// the inode table).
+fn read_inode(img: &mut Img, r: u64, ids: &[u32]) -> Result<SqInode> {
+    let blk = img
+        .sb
+        .inode_table
+        .checked_add(r >> 16)
+        .ok_or_else(|| img.bad(format!("inode reference {r:#x}")))?;
+    let off = (r & 0xffff) as usize;
+    let (h, blk, off) = img.meta_read(blk, off, 16)?;
+    let ty = le16(&h, 0);
+    let perm = le16(&h, 2) & 0o7777;
+    let id = |i: u16| -> Result<u32> {
+        ids.get(i as usize)
+            .copied()
+            .ok_or_else(|| img.bad(format!("inode {r:#x}: id index {i} out of the id table")))
+    };
+    let (uid, gid) = (id(le16(&h, 4))?, id(le16(&h, 6))?);
+    let mtime = le32(&h, 8);
+    let number = le32(&h, 12);
+    let bs = img.sb.block_size as u64;
+    let mut xattr = NO_FRAGMENT;
+    let file_blocks = |size: u64, frag: u32| -> u64 {
+        if frag == NO_FRAGMENT {
+            size.div_ceil(bs)
+        } else {
+            size / bs
+        }
+    };
+    let (kind, fmt) = match ty {
+        1 | 8 => {
+            let (start, offset, size) = if ty == 1 {
+                let (b, _, _) = img.meta_read(blk, off, 16)?;
+                (le32(&b, 0), le16(&b, 10), le16(&b, 8) as u32)
+            } else {
+                let (b, _, _) = img.meta_read(blk, off, 24)?;
+                xattr = le32(&b, 20);
+                (le32(&b, 8), le16(&b, 18), le32(&b, 4))
+            };
+            (
+                SqKind::Dir {
+                    start,
+                    offset,
+                    size,
+                },
+                S_IFDIR,
+            )
+        }
+        2 | 9 => {
+            let (start, size, frag, frag_off, blk, off) = if ty == 2 {
+                let (b, blk, off) = img.meta_read(blk, off, 16)?;
+                (
+                    le32(&b, 0) as u64,
+                    le32(&b, 12) as u64,
+                    le32(&b, 4),
+                    le32(&b, 8),
+                    blk,
+                    off,
+                )
+            } else {
+                let (b, blk, off) = img.meta_read(blk, off, 40)?;
+                xattr = le32(&b, 36);
+                (
+                    le64(&b, 0),
+                    le64(&b, 8),
+                    le32(&b, 28),
+                    le32(&b, 32),
+                    blk,
+                    off,
+                )
+            };
+            let n = file_blocks(size, frag);
+            // Each block takes 4 bytes of inode table: no more than the image holds.
+            if n.checked_mul(4).is_none_or(|b| b > img.sb.bytes_used) {
+                return Err(img.bad(format!("inode {number}: file size {size} is implausible")));
+            }
+            let (b, _, _) = img.meta_read(blk, off, n as usize * 4)?;
+            let blocks = (0..n as usize).map(|i| le32(&b, i * 4)).collect();
+            (
+                SqKind::File(FileLoc {
+                    start,
+                    size,
+                    frag,
+                    frag_off,
+                    blocks,
+                }),
+                S_IFREG,
+            )
+        }
+        3 | 10 => {
+            let (b, blk, off) = img.meta_read(blk, off, 8)?;
+            let len = le32(&b, 4) as usize;
+            if len > 65536 {
+                return Err(img.bad(format!("inode {number}: symlink of {len} bytes")));
+            }
+            let (t, blk, off) = img.meta_read(blk, off, len)?;
+            if ty == 10 {
+                let (x, _, _) = img.meta_read(blk, off, 4)?;
+                xattr = le32(&x, 0);
+            }
+            (SqKind::Symlink(t), S_IFLNK)
+        }
+        4 | 5 | 11 | 12 => {
+            let (b, _, _) = img.meta_read(blk, off, if ty > 10 { 12 } else { 8 })?;
+            if ty > 10 {
+                xattr = le32(&b, 8);
+            }
+            let fmt = if ty == 4 || ty == 11 {
+                S_IFBLK
+            } else {
+                S_IFCHR
+            };
+            (SqKind::Device(le32(&b, 4)), fmt)
+        }
+        6 | 7 | 13 | 14 => {
+            if ty > 10 {
+                let (b, _, _) = img.meta_read(blk, off, 8)?;
+                xattr = le32(&b, 4);
+            }
+            if ty == 6 || ty == 13 {
+                (SqKind::Fifo, S_IFIFO)
+            } else {
+                (SqKind::Socket, S_IFSOCK)
+            }
+        }
+        t => return Err(img.bad(format!("inode {number} at {r:#x}: unknown type {t}"))),
+    };
+    Ok(SqInode {
+        kind,
+        mode: fmt | perm,
+        uid,
+        gid,
+        mtime,
+        number,
+        xattr,
+    })
+}
+
+/// The entries of a directory: (name, inode reference), in the image's order.
+fn read_dir(img: &mut Img, start: u32, offset: u16, size: u32) -> Result<Vec<(Vec<u8>, u64)>> {
+    // The listing is `size - 3` bytes (the size counts "." and "..").
+    let len = (size as usize).saturating_sub(3);
+    let blk = img.sb.dir_table + start as u64;
+    let (b, _, _) = img.meta_read(blk, offset as usize, len)?;
+    let mut out = Vec::new();
+    let mut p = 0usize;
+    let short = |img: &Img| {
+        img.bad(format!(
+            "directory at {start}:{offset}: listing ends mid-entry"
+        ))
+    };
+    // Bounded: each header and entry consumes bytes of the listing.
+    while p < len {
+        if p + 12 > len {
+            return Err(short(img));
+        }
+        let count = le32(&b, p) as usize + 1;
+        let iblk = le32(&b, p + 4) as u64;
+        p += 12;
+        if count > 256 {
+            return Err(img.bad(format!(
+                "directory at {start}:{offset}: header of {count} entries"
+            )));
+        }
+        for _ in 0..count {
+            if p + 8 > len {
+                return Err(short(img));
+            }
+            let ioff = le16(&b, p) as u64;
+            let nlen = le16(&b, p + 6) as usize + 1;
+            p += 8;
+            if p + nlen > len {
+                return Err(short(img));
+            }
+            let name = b[p..p + nlen].to_vec();
+            p += nlen;
+            if name.contains(&b'/') || name == b"." || name == b".." {
+                return Err(img.bad(format!(
+                    "directory at {start}:{offset}: bad name {:?}",
+                    String::from_utf8_lossy(&name)
+                )));
+            }
+            out.push((name, (iblk << 16) | ioff));
+        }
+    }
+    Ok(out)
+}
+
+/// The xattrs of id `idx` (full names, sorted).
+fn read_xattrs(
+    img: &mut Img,
+    idx: u32,
+    ids: &[u8],
+    kv_start: u64,
+) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let i = idx as usize;
+    if i.checked_mul(16).is_none_or(|o| o + 16 > ids.len()) {
+        return Err(img.bad(format!("xattr id {idx} out of the xattr id table")));
+    }
+    let r = le64(ids, i * 16);
+    let count = le32(ids, i * 16 + 8);
+    if count > 65536 {
+        return Err(img.bad(format!("xattr id {idx}: {count} xattrs")));
+    }
+    let mut blk = kv_start + (r >> 16);
+    let mut off = (r & 0xffff) as usize;
+    let mut out = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let (h, b2, o2) = img.meta_read(blk, off, 4)?;
+        let ty = le16(&h, 0);
+        let nlen = le16(&h, 2) as usize;
+        let (name, b2, o2) = img.meta_read(b2, o2, nlen)?;
+        let prefix: &[u8] = match ty & 0xff {
+            0 => b"user.",
+            1 => b"trusted.",
+            2 => b"security.",
+            p => return Err(img.bad(format!("xattr id {idx}: unknown prefix {p}"))),
+        };
+        let (vh, b2, o2) = img.meta_read(b2, o2, 4)?;
+        let vlen = le32(&vh, 0) as usize;
+        if vlen > 65536 {
+            return Err(img.bad(format!("xattr id {idx}: value of {vlen} bytes")));
+        }
+        let (v, b2, o2) = img.meta_read(b2, o2, vlen)?;
+        let value = if ty & 0x100 != 0 {
+            if vlen != 8 {
+                return Err(img.bad(format!(
+                    "xattr id {idx}: out-of-line reference of {vlen} bytes"
+                )));
+            }
+            let vr = le64(&v, 0);
+            let (vh, vb, vo) = img.meta_read(kv_start + (vr >> 16), (vr & 0xffff) as usize, 4)?;
+            let n = le32(&vh, 0) as usize;
+            if n > 65536 {
+                return Err(img.bad(format!("xattr id {idx}: value of {n} bytes")));
+            }
+            img.meta_read(vb, vo, n)?.0
+        } else {
+            v
+        };
+        let mut full = prefix.to_vec();
+        full.extend_from_slice(&name);
+        out.push((full, value));
+        (blk, off) = (b2, o2);
+    }
+    out.sort();
+    out.dedup_by(|a, b| a.0 == b.0);
+    Ok(out)
+}
+
+/// Decompressed file data goes to the spool.
+struct Spool {
+    w: BufWriter<File>,
+    path: Arc<Path>,
+    len: u64,
+    /// Deduplicated files: (first block, size, fragment, fragment offset, block list)
+    /// -> source. The block list tells apart files at one position with other holes
+    /// (an all-sparse file and the next file's data can share a first block).
+    seen: HashMap<DedupeKey, Source>,
+    /// The last fragment block decompressed.
+    frag_cache: Option<(u32, Arc<Vec<u8>>)>,
+}
+
+fn read_file(img: &mut Img, sp: &mut Spool, frags: &[u8], loc: &FileLoc) -> Result<Source> {
+    let FileLoc {
+        start,
+        size,
+        frag,
+        frag_off,
+        ref blocks,
+    } = *loc;
+    let key = (start, size, frag, frag_off, blocks.clone());
+    if let Some(s) = sp.seen.get(&key) {
+        return Ok(s.clone());
+    }
+    let bs = img.sb.block_size as u64;
+    let mut segs: Vec<Segment> = Vec::new();
+    let mut pos = start;
+    let mut push = |sp: &mut Spool, data: &[u8], logical: u64| -> Result<()> {
+        sp.w.write_all(data)
+            .map_err(io_err(&sp.path, "squashfs: write spool"))?;
+        let at = sp.len;
+        sp.len += data.len() as u64;
+        match segs.last_mut() {
+            Some(l) if l.start + l.len == logical && l.at + l.len == at => {
+                l.len += data.len() as u64
+            }
+            _ => segs.push(Segment {
+                start: logical,
+                len: data.len() as u64,
+                at,
+            }),
+        }
+        Ok(())
+    };
+    for (i, &b) in blocks.iter().enumerate() {
+        let logical = i as u64 * bs;
+        let want = (size - logical).min(bs) as usize;
+        let len = (b & 0x00ff_ffff) as usize;
+        if len == 0 {
+            continue; // sparse: a hole
+        }
+        if len > bs as usize {
+            return Err(img.bad(format!("data block at byte {pos}: {len} bytes stored")));
+        }
+        let raw = img.read_at(pos, len, "data block")?;
+        let data = if b & (1 << 24) != 0 {
+            raw
+        } else {
+            img.decompress(&raw, bs as usize, pos)?
+        };
+        if data.len() != want {
+            return Err(img.bad(format!(
+                "data block at byte {pos}: {} bytes, {want} expected",
+                data.len()
+            )));
+        }
+        push(sp, &data, logical)?;
+        pos += len as u64;
+    }
+    if frag != NO_FRAGMENT {
+        let tail = (size % bs) as usize;
+        let fd = match &sp.frag_cache {
+            Some((i, d)) if *i == frag => d.clone(),
+            _ => {
+                let e = (frag as usize)
+                    .checked_mul(16)
+                    .filter(|&o| o + 16 <= frags.len())
+                    .ok_or_else(|| img.bad(format!("fragment {frag} out of the fragment table")))?;
+                let at = le64(frags, e);
+                let sz = le32(frags, e + 8);
+                let len = (sz & 0x00ff_ffff) as usize;
+                if len > bs as usize {
+                    return Err(img.bad(format!("fragment {frag}: {len} bytes stored")));
+                }
+                let raw = img.read_at(at, len, "fragment block")?;
+                let d = if sz & (1 << 24) != 0 {
+                    raw
+                } else {
+                    img.decompress(&raw, bs as usize, at)?
+                };
+                let d = Arc::new(d);
+                sp.frag_cache = Some((frag, d.clone()));
+                d
+            }
+        };
+        let o = frag_off as usize;
+        let piece = fd
+            .get(o..o + tail)
+            .ok_or_else(|| img.bad(format!("fragment {frag}: {tail} bytes at {o} past its end")))?;
+        push(sp, piece, size - tail as u64)?;
+    }
+    let src = match segs.as_slice() {
+        [] if size == 0 => Source::Range {
+            file: sp.path.clone(),
+            at: 0,
+        },
+        [s] if s.start == 0 && s.len == size => Source::Range {
+            file: sp.path.clone(),
+            at: s.at,
+        },
+        _ => Source::Sparse {
+            file: sp.path.clone(),
+            segs: segs.into(),
+        },
+    };
+    sp.seen.insert(key, src.clone());
+    Ok(src)
+}
+
+/// Scan the SquashFS image at `image` into a tree; file contents go to a spool file in
+/// `spool_dir`.
+pub fn scan_squashfs(image: &Path, spool_dir: &Path, opts: &BuildOptions) -> Result<SquashTree> {
+    let f = File::open(image).map_err(io_err(image, "squashfs: open"))?;
+    let sb = superblock(&f, image)?;
+    let mut img = Img {
+        f,
+        path: image.to_path_buf(),
+        sb,
+        meta: HashMap::new(),
+    };
+    let ids_raw = img.table(img.sb.id_table, img.sb.id_count as usize, 4, "id table")?;
+    let ids: Vec<u32> = (0..img.sb.id_count as usize)
+        .map(|i| le32(&ids_raw, i * 4))
+        .collect();
+    let frags = if img.sb.frag_count > 0 && img.sb.frag_table != NOT_SET {
+        img.table(
+            img.sb.frag_table,
+            img.sb.frag_count as usize,
+            16,
+            "fragment table",
+        )?
+    } else {
+        Vec::new()
+    };
+    let (xids, kv_start) = if img.sb.xattr_table != NOT_SET && img.sb.flags & 0x200 == 0 {
+        let h = img.read_at(img.sb.xattr_table, 16, "xattr table header")?;
+        let kv_start = le64(&h, 0);
+        let n = le32(&h, 8) as usize;
+        let at = img.sb.xattr_table + 16;
+        let blocks = (n * 16).div_ceil(META_SIZE);
+        let index = img.read_at(at, blocks * 8, "xattr id index")?;
+        let mut raw = Vec::with_capacity(n * 16);
+        for i in 0..blocks {
+            let (b, _) = img.meta_block(le64(&index, i * 8))?;
+            raw.extend_from_slice(&b);
+        }
+        raw.truncate(n * 16);
+        (raw, kv_start)
+    } else {
+        (Vec::new(), 0)
+    };
+
+    let t = tempfile::Builder::new()
+        .prefix(".ferofs-spool-")
+        .tempfile_in(spool_dir)
+        .map_err(io_err(spool_dir, "squashfs: create spool"))?;
+    let w = t
+        .reopen()
+        .map_err(io_err(t.path(), "squashfs: open spool"))?;
+    let mut sp = Spool {
+        w: BufWriter::with_capacity(1 << 20, w),
+        path: Arc::from(t.path()),
+        len: 0,
+        seen: HashMap::new(),
+        frag_cache: None,
+    };
+
+    let excl: Vec<Vec<u8>> = opts
+        .exclude_paths
+        .iter()
+        .map(|p| {
+            use std::os::unix::ffi::OsStrExt;
+            let b = p.as_os_str().as_bytes();
+            let b = b.strip_prefix(b"/").unwrap_or(b);
+            b.strip_suffix(b"/").unwrap_or(b).to_vec()
+        })
+        .collect();
+    let excluded = |rel: &[u8]| -> bool {
+        excl.iter().any(|e| e.as_slice() == rel)
+            || (!opts.exclude_regex.is_empty() && {
+                let s = String::from_utf8_lossy(rel);
+                opts.exclude_regex.iter().any(|r| r.is_match(&s))
+            })
+    };
+
+    let max_nodes = img.sb.inode_count as usize;
+    let mut nodes: Vec<Node> = Vec::new();
+    // Inode number -> node, for hardlinks (and to refuse directory loops).
+    let mut by_number: HashMap<u32, InodeId> = HashMap::new();
+    let mk = |img: &mut Img,
+              sp: &mut Spool,
+              nodes: &mut Vec<Node>,
+              ino: SqInode,
+              rel: Vec<u8>|
+     -> Result<(InodeId, Option<DirLoc>)> {
+        if nodes.len() >= max_nodes.max(1) {
+            return Err(img.bad(format!(
+                "more inodes reached than the superblock's {max_nodes}"
+            )));
+        }
+        let mut dir = None;
+        let kind = match ino.kind {
+            SqKind::Dir {
+                start,
+                offset,
+                size,
+            } => {
+                dir = Some((start, offset, size));
+                Kind::Dir {
+                    entries: Vec::new(),
+                    parent: 0,
+                }
+            }
+            SqKind::File(loc) => Kind::File {
+                src: read_file(img, sp, &frags, &loc).map_err(|e| name_err(e, &rel))?,
+                size: loc.size,
+            },
+            SqKind::Symlink(t) => Kind::Symlink { target: t },
+            SqKind::Device(rdev) => Kind::Device { rdev },
+            SqKind::Fifo => Kind::Fifo,
+            SqKind::Socket => Kind::Socket,
+        };
+        let xattrs = if ino.xattr != NO_FRAGMENT && !xids.is_empty() {
+            read_xattrs(img, ino.xattr, &xids, kv_start).map_err(|e| name_err(e, &rel))?
+        } else {
+            Vec::new()
+        };
+        nodes.push(Node {
+            kind,
+            mode: ino.mode,
+            uid: opts
+                .force_uid
+                .unwrap_or(if opts.all_root { 0 } else { ino.uid }),
+            gid: opts
+                .force_gid
+                .unwrap_or(if opts.all_root { 0 } else { ino.gid }),
+            mtime: ino.mtime as i64,
+            mtime_nsec: 0,
+            nlink: 0,
+            xattrs,
+            rel,
+        });
+        Ok((nodes.len() - 1, dir))
+    };
+
+    let root_ref = img.sb.root_inode;
+    let root_ino = read_inode(&mut img, root_ref, &ids)?;
+    if !matches!(root_ino.kind, SqKind::Dir { .. }) {
+        return Err(img.bad("the root inode is not a directory".into()));
+    }
+    by_number.insert(root_ino.number, 0);
+    let (root, rdir) = mk(&mut img, &mut sp, &mut nodes, root_ino, Vec::new())?;
+    // (node, directory location, relative path, depth); depth-first pre-order.
+    let mut stack = vec![(root, rdir, Vec::<u8>::new(), 0usize)];
+    // Bounded: each directory is pushed once (a directory inode number seen twice is refused).
+    while let Some((tid, loc, rel, depth)) = stack.pop() {
+        let Some((start, offset, size)) = loc else {
+            continue;
+        };
+        if depth > MAX_DEPTH {
+            return Err(img.bad(format!(
+                "{}: nested deeper than {MAX_DEPTH}",
+                String::from_utf8_lossy(&rel)
+            )));
+        }
+        let mut list = read_dir(&mut img, start, offset, size).map_err(|e| name_err(e, &rel))?;
+        list.sort_by(|a, b| a.0.cmp(&b.0));
+        list.dedup_by(|a, b| a.0 == b.0);
+        let mut entries = Vec::with_capacity(list.len());
+        let mut subdirs = Vec::new();
+        for (name, r) in list {
+            let mut crel = rel.clone();
+            if !crel.is_empty() {
+                crel.push(b'/');
+            }
+            crel.extend_from_slice(&name);
+            if excluded(&crel) {
+                continue;
+            }
+            let ino = read_inode(&mut img, r, &ids).map_err(|e| name_err(e, &crel))?;
+            let is_dir = matches!(ino.kind, SqKind::Dir { .. });
+            let cid = match by_number.get(&ino.number) {
+                Some(_) if is_dir => {
+                    return Err(img.bad(format!(
+                        "{}: directory inode {} appears twice (a loop)",
+                        String::from_utf8_lossy(&crel),
+                        ino.number
+                    )));
+                }
+                Some(&c) => c,
+                None => {
+                    let n = ino.number;
+                    let (c, dloc) = mk(&mut img, &mut sp, &mut nodes, ino, crel.clone())?;
+                    by_number.insert(n, c);
+                    if is_dir {
+                        if let Kind::Dir { parent, .. } = &mut nodes[c].kind {
+                            *parent = tid;
+                        }
+                        subdirs.push((c, dloc, crel, depth + 1));
+                    }
+                    c
+                }
+            };
+            entries.push((name, cid));
+        }
+        if let Kind::Dir { entries: e, .. } = &mut nodes[tid].kind {
+            *e = entries;
+        }
+        stack.extend(subdirs.into_iter().rev());
+    }
+    sp.w.flush()
+        .map_err(io_err(&sp.path, "squashfs: write spool"))?;
+    let mut tree = Tree {
+        nodes,
+        root,
+        packed: None,
+        devices: Vec::new(),
+    };
+    if opts.ovlfs_strip {
+        crate::tarball::strip_overlay(&mut tree);
+    }
+    fix_nlinks(&mut tree);
+    Ok(SquashTree { tree, spool: t })
+}
+
+/// Prefix an error about the image with the path of the entry being read.
+fn name_err(e: BuildError, rel: &[u8]) -> BuildError {
+    match e {
+        BuildError::Invalid { path, what } => BuildError::Invalid {
+            path,
+            what: format!("/{}: {what}", String::from_utf8_lossy(rel)),
+        },
+        e => e,
+    }
+}

@@ -164,6 +164,17 @@ fn make_tree_reencode() {
         &["-E", "smallest"][..],
         &["-z", "zstd", "-C", "1048576", "-E", "dedupe"][..],
         &["-z", "lz4", "-m"][..],
+        &[
+            "-j",
+            "1",
+            "--all-root",
+            "-T",
+            "1234567",
+            "--exclude-path",
+            "data",
+            "-E",
+            "fragments",
+        ][..],
     ] {
         let a = d.path().join("a.erofs");
         let b = d.path().join("b.erofs");

@@ -10,7 +10,8 @@
 //! stage                                                  module hands on
 //! 1 scan: the input's inodes, metadata only, hardlinks   scan   Tree
 //!   merged (a directory: `scan`; tar streams and layer     tarball
-//!   stacks: `tarball`); each file's bytes are a `Source`   source
+//!   stacks: `tarball`; an EROFS image: `erofsin`); each    erofsin
+//!   file's bytes are a `Source`                            source
 //! 2 plan: times, inode versions, xattrs, dir contents,   plan   Plan
 //!   inline decisions, block 0's size
 //! 3 data placement: file contents to the data region,    place  Placed (a Layout per file)
@@ -36,6 +37,7 @@ mod blobs;
 pub mod data;
 mod dedupe;
 pub mod dir;
+pub mod erofsin;
 mod frag;
 mod layout;
 mod lzo;
@@ -113,6 +115,18 @@ pub fn build_from_squashfs(
     let r = build_tree(t.tree, output, opts);
     drop(t.spool);
     r
+}
+
+/// Re-encode the EROFS image `source` at `output` (any image the reader reads): its
+/// tree and file bytes are read through `ferofs-reader`, nothing is extracted.
+pub fn build_from_erofs(source: &Path, output: &Path, opts: &BuildOptions) -> Result<BuildReport> {
+    opts.check()?;
+    let mut tree = erofsin::scan_image(source, opts)?;
+    if opts.ovlfs_strip {
+        tarball::strip_overlay(&mut tree);
+        scan::fix_nlinks(&mut tree);
+    }
+    build_tree(tree, output, opts)
 }
 
 /// Stages 2 to 6: the image of `tree` at `output`.

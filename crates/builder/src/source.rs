@@ -40,6 +40,9 @@ pub enum Source {
     /// On an extra device of the image, contiguous from block `blkaddr` (tar index
     /// mode: the tar is the device). Never read: the image only points at it.
     External { device: u16, blkaddr: u64 },
+    /// A regular file of an EROFS image read through the reader (re-encoding): read
+    /// on demand, decoding only the extents a read covers; holes from its mapping.
+    Erofs(Arc<crate::erofsin::ErofsFile>),
 }
 
 impl Source {
@@ -49,6 +52,7 @@ impl Source {
             Source::Path(p) => p,
             Source::Range { file, .. } | Source::Sparse { file, .. } => file,
             Source::External { .. } => Path::new("(extra device)"),
+            Source::Erofs(e) => &e.image.path,
         }
     }
 
@@ -89,6 +93,7 @@ impl Reader<'_> {
                 self.f.read_exact_at(buf, at + off)
             }
             Source::External { .. } => Err(std::io::ErrorKind::Unsupported.into()),
+            Source::Erofs(e) => e.read_exact_at(buf, off),
             Source::Sparse { segs, .. } => {
                 let end = off
                     .checked_add(buf.len() as u64)
@@ -153,6 +158,7 @@ impl Reader<'_> {
         match self.src {
             Source::Path(_) => crate::data::data_segments(&self.f, self.size),
             Source::Range { .. } | Source::External { .. } => None,
+            Source::Erofs(e) => e.segments(),
             Source::Sparse { segs, .. } => {
                 let mut v: Vec<(u64, u64)> = Vec::with_capacity(segs.len());
                 for s in segs.iter().filter(|s| s.len > 0) {

@@ -14,9 +14,9 @@ use std::time::Instant;
 
 #[derive(Args)]
 pub struct BuildArgs {
-    /// `SOURCE IMAGE`: the source directory (or a SquashFS image, detected by its
-    /// magic) and the output image (written to a temporary file and renamed on
-    /// success); with `--tar`, only `IMAGE`.
+    /// `SOURCE IMAGE`: the source directory (or a SquashFS image, or an EROFS image to
+    /// re-encode, each detected by its magic) and the output image (written to a
+    /// temporary file and renamed on success); with `--tar`, only `IMAGE`.
     #[arg(required = true, num_args = 1..=2, value_name = "SOURCE] [IMAGE")]
     paths: Vec<PathBuf>,
     /// Build from a tar archive instead of a directory: a file or `-` for stdin;
@@ -279,7 +279,13 @@ pub fn run(a: BuildArgs) -> Result<()> {
     let built = if a.tar.is_empty() && ferofs_builder::squashfs::is_squashfs(&a.paths[0]) {
         ferofs_builder::build_from_squashfs(&a.paths[0], &image, &opts)
     } else if a.tar.is_empty() {
-        ferofs_builder::build_from_dir(&a.paths[0], &image, &opts)
+        let src = &a.paths[0];
+        if src.is_file() && ferofs_builder::erofsin::is_erofs_image(src) {
+            // An EROFS image (magic at byte 1024): re-encode it.
+            ferofs_builder::build_from_erofs(src, &image, &opts)
+        } else {
+            ferofs_builder::build_from_dir(src, &image, &opts)
+        }
     } else {
         let inputs: Vec<TarInput> = a.tar.iter().map(|t| TarInput::parse(t)).collect();
         if inputs

@@ -33,8 +33,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Build an EROFS image from a directory, tar streams (`--tar`) or a SquashFS
-    /// image (`convert` is an alias).
+    /// Build an EROFS image from a directory, tar streams (`--tar`), a SquashFS image
+    /// (`convert` is an alias) or an EROFS image (re-encoded). Run as `mkfs.erofs`,
+    /// `fsck.erofs` or `dump.erofs` (or `ferofs mkfs|fsck|dump`), the binary takes those
+    /// tools' command lines.
     #[command(alias = "convert")]
     Build(Box<build::BuildArgs>),
     /// List a directory of an image (like `ls -l`).

@@ -64,8 +64,17 @@ pub(crate) const MAX_FILE_SIZE: u64 = 1 << 60;
 impl<S: Source> Image<S> {
     /// Load inode `nid`.
     pub fn inode(&self, nid: u64) -> Result<Inode> {
+        // One read of an extended inode's size covers either kind (most inodes of a
+        // real tree are extended); near the end of the metadata only the compact
+        // size may be there, so fall back to it.
+        let mut both = [0u8; EXTENDED_SIZE];
+        let whole = self.read_inode_meta(nid, 0, &mut both).is_ok();
         let mut head = [0u8; COMPACT_SIZE];
-        self.read_inode_meta(nid, 0, &mut head)?;
+        if whole {
+            head.copy_from_slice(&both[..COMPACT_SIZE]);
+        } else {
+            self.read_inode_meta(nid, 0, &mut head)?;
+        }
         let format = u16::from_le_bytes([head[0], head[1]]);
         if format & !I_FORMAT_ALL != 0 {
             return Err(corrupt(
@@ -77,12 +86,13 @@ impl<S: Source> Image<S> {
             ));
         }
         let core = if format & I_VERSION_EXTENDED != 0 {
-            let mut b = [0u8; EXTENDED_SIZE];
-            b[..COMPACT_SIZE].copy_from_slice(&head);
-            // An extended inode may straddle a block boundary: read the second half.
-            let mut tail = [0u8; EXTENDED_SIZE - COMPACT_SIZE];
-            self.read_inode_meta(nid, COMPACT_SIZE as u64, &mut tail)?;
-            b[COMPACT_SIZE..].copy_from_slice(&tail);
+            let mut b = both;
+            if !whole {
+                // The second half is missing: this read reports why.
+                let mut tail = [0u8; EXTENDED_SIZE - COMPACT_SIZE];
+                self.read_inode_meta(nid, COMPACT_SIZE as u64, &mut tail)?;
+                b[COMPACT_SIZE..].copy_from_slice(&tail);
+            }
             InodeCore::parse_extended(&b)
         } else {
             InodeCore::parse_compact(&head)

@@ -174,23 +174,8 @@ pub fn scan_image(path: &Path, opts: &BuildOptions) -> Result<Tree> {
         path: Arc::from(path),
         img,
     });
-    let excl: Vec<Vec<u8>> = opts
-        .exclude_paths
-        .iter()
-        .map(|p| {
-            use std::os::unix::ffi::OsStrExt;
-            let b = p.as_os_str().as_bytes();
-            let b = b.strip_prefix(b"/").unwrap_or(b);
-            b.strip_suffix(b"/").unwrap_or(b).to_vec()
-        })
-        .collect();
-    let excluded = |rel: &[u8]| -> bool {
-        excl.iter().any(|e| e.as_slice() == rel)
-            || (!opts.exclude_regex.is_empty() && {
-                let s = String::from_utf8_lossy(rel);
-                opts.exclude_regex.iter().any(|r| r.is_match(&s))
-            })
-    };
+    let excl = crate::scan::Excludes::new(opts);
+    let excluded = |rel: &[u8]| excl.matches(rel);
     let p = &*image.path;
     let img = &image.img;
     let root_ino = img.inode(img.root_nid()).map_err(rerr(p))?;

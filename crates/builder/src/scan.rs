@@ -110,7 +110,7 @@ struct Scanner<'a> {
     opts: &'a BuildOptions,
     nodes: Vec<Node>,
     seen: HashMap<(u64, u64), InodeId>,
-    excl: Vec<Vec<u8>>,
+    excl: Excludes<'a>,
 }
 
 /// Scan a directory tree.
@@ -126,15 +126,7 @@ pub fn scan_dir(root: &Path, opts: &BuildOptions) -> Result<Tree> {
         opts,
         nodes: Vec::new(),
         seen: HashMap::new(),
-        excl: opts
-            .exclude_paths
-            .iter()
-            .map(|p| {
-                let b = p.as_os_str().as_bytes();
-                let b = b.strip_prefix(b"/").unwrap_or(b);
-                b.strip_suffix(b"/").unwrap_or(b).to_vec()
-            })
-            .collect(),
+        excl: Excludes::new(opts),
     };
     let root_id = s.new_node(root, &md, Vec::new())?;
     s.fill_dir(root_id, root, b"", 0)?;
@@ -148,16 +140,45 @@ pub fn scan_dir(root: &Path, opts: &BuildOptions) -> Result<Tree> {
     Ok(tree)
 }
 
-impl Scanner<'_> {
-    fn excluded(&self, rel: &[u8]) -> bool {
-        if self.excl.iter().any(|e| e.as_slice() == rel) {
+/// `--exclude-path` and `--exclude-regex`, for any input: paths relative to the
+/// source root, without leading or trailing `/`.
+pub struct Excludes<'a> {
+    paths: Vec<Vec<u8>>,
+    regex: &'a [regex::Regex],
+}
+
+impl<'a> Excludes<'a> {
+    pub fn new(opts: &'a BuildOptions) -> Self {
+        Excludes {
+            paths: opts
+                .exclude_paths
+                .iter()
+                .map(|p| {
+                    let b = p.as_os_str().as_bytes();
+                    let b = b.strip_prefix(b"/").unwrap_or(b);
+                    b.strip_suffix(b"/").unwrap_or(b).to_vec()
+                })
+                .collect(),
+            regex: &opts.exclude_regex,
+        }
+    }
+
+    /// Whether the path `rel` is left out.
+    pub fn matches(&self, rel: &[u8]) -> bool {
+        if self.paths.iter().any(|e| e.as_slice() == rel) {
             return true;
         }
-        if self.opts.exclude_regex.is_empty() {
+        if self.regex.is_empty() {
             return false;
         }
         let s = String::from_utf8_lossy(rel);
-        self.opts.exclude_regex.iter().any(|r| r.is_match(&s))
+        self.regex.iter().any(|r| r.is_match(&s))
+    }
+}
+
+impl Scanner<'_> {
+    fn excluded(&self, rel: &[u8]) -> bool {
+        self.excl.matches(rel)
     }
 
     fn new_node(&mut self, path: &Path, md: &std::fs::Metadata, rel: Vec<u8>) -> Result<InodeId> {

@@ -756,23 +756,8 @@ pub fn scan_squashfs(image: &Path, spool_dir: &Path, opts: &BuildOptions) -> Res
         frag_cache: None,
     };
 
-    let excl: Vec<Vec<u8>> = opts
-        .exclude_paths
-        .iter()
-        .map(|p| {
-            use std::os::unix::ffi::OsStrExt;
-            let b = p.as_os_str().as_bytes();
-            let b = b.strip_prefix(b"/").unwrap_or(b);
-            b.strip_suffix(b"/").unwrap_or(b).to_vec()
-        })
-        .collect();
-    let excluded = |rel: &[u8]| -> bool {
-        excl.iter().any(|e| e.as_slice() == rel)
-            || (!opts.exclude_regex.is_empty() && {
-                let s = String::from_utf8_lossy(rel);
-                opts.exclude_regex.iter().any(|r| r.is_match(&s))
-            })
-    };
+    let excl = crate::scan::Excludes::new(opts);
+    let excluded = |rel: &[u8]| excl.matches(rel);
 
     let max_nodes = img.sb.inode_count as usize;
     let mut nodes: Vec<Node> = Vec::new();

@@ -1365,23 +1365,8 @@ impl Arena {
         for n in self.nodes.iter_mut().filter(|n| n.implicit) {
             (n.mtime, n.nsec) = newest;
         }
-        let excl: Vec<Vec<u8>> = o
-            .exclude_paths
-            .iter()
-            .map(|p| {
-                use std::os::unix::ffi::OsStrExt;
-                let b = p.as_os_str().as_bytes();
-                let b = b.strip_prefix(b"/").unwrap_or(b);
-                b.strip_suffix(b"/").unwrap_or(b).to_vec()
-            })
-            .collect();
-        let excluded = |rel: &[u8]| -> bool {
-            excl.iter().any(|e| e.as_slice() == rel)
-                || (!o.exclude_regex.is_empty() && {
-                    let s = String::from_utf8_lossy(rel);
-                    o.exclude_regex.iter().any(|r| r.is_match(&s))
-                })
-        };
+        let excl = crate::scan::Excludes::new(o);
+        let excluded = |rel: &[u8]| excl.matches(rel);
         let mut nodes: Vec<Node> = Vec::new();
         let mut map: HashMap<usize, InodeId> = HashMap::new();
         let mk = |src: &TNode, rel: Vec<u8>, nodes: &mut Vec<Node>| -> InodeId {

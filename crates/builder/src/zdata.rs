@@ -260,6 +260,23 @@ fn compress_segment(
     })
 }
 
+/// The codec (and its probe) for a job's algorithm and pcluster size, made on first use.
+fn codec<'c>(
+    comps: &'c mut Codecs,
+    c: &Compression,
+    job: &Job,
+) -> Result<&'c mut (Box<dyn FixedOutputCompressor>, Probe)> {
+    match comps.entry((job.alg, job.pcluster)) {
+        std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            let comp = new_compressor(&c.algorithms[job.alg], c.max_pcluster())
+                .map_err(|e| BuildError::Options(e.to_string()))?;
+            let probe = Probe::new(comp.algorithm());
+            Ok(e.insert((comp, probe)))
+        }
+    }
+}
+
 /// The pieces of `data`, the bytes `[job.start, job.end)` of a file, and the input
 /// bytes handed to the compressor.
 fn compress_data(
@@ -271,17 +288,7 @@ fn compress_data(
     bs: u64,
 ) -> Result<(Vec<Piece>, u64)> {
     let len = data.len();
-    let key = (job.alg, job.pcluster);
-    if let std::collections::hash_map::Entry::Vacant(e) = comps.entry(key) {
-        let spec = &c.algorithms[job.alg];
-        let comp = new_compressor(spec, c.max_pcluster())
-            .map_err(|e| BuildError::Options(e.to_string()))?;
-        let probe = Probe::new(comp.algorithm());
-        e.insert((comp, probe));
-    }
-    let (comp, probe) = comps
-        .get_mut(&key)
-        .ok_or_else(|| BuildError::Options("internal: compressor".into()))?;
+    let (comp, probe) = codec(comps, c, job)?;
     // Each segment starts from the same compressor state, whichever worker ran what
     // before: the output must not depend on the thread count or on scheduling.
     comp.begin_stream();
@@ -459,11 +466,7 @@ impl Recompress<'_> {
     /// not compress then still takes one extent (with about the blocks it takes raw),
     /// where one block a piece would put two extent heads in one lcluster.
     fn one_piece(&mut self, job: &Job, data: &[u8], start: u64) -> Result<Option<Piece>> {
-        let key = (job.alg, job.pcluster);
-        let (comp, _) = match self.comps.get_mut(&key) {
-            Some(c) => c,
-            None => return Ok(None),
-        };
+        let (comp, _) = codec(self.comps, self.c, job)?;
         comp.begin_stream();
         let cap = job.pcluster as usize;
         if self.dst.len() < cap {
@@ -614,13 +617,17 @@ fn rework(
     };
     let mut ver = shift::Verifier::new(files);
     // Earlier pieces of this segment, by their first anchor (repeats inside a file).
+    // Every piece is signed here, for later data to match it; pieces compressed
+    // again around a match are signed at the end.
+    let mut pieces = pieces;
     let mut local: HashMap<u64, (usize, shift::Sig)> = HashMap::new();
-    for k in 0..pieces.len() {
-        let q = &pieces[k];
-        if !q.frag && end_of(k) <= limit {
-            if let Some(sg) = shift::sig(data, anchors, starts[k], end_of(k) - starts[k]) {
-                local.entry(sg.anchor).or_insert((k, sg));
-            }
+    for (k, q) in pieces.iter_mut().enumerate() {
+        if q.frag {
+            continue;
+        }
+        q.sig = shift::sig(data, anchors, starts[k], end_of(k) - starts[k]);
+        if let (Some(sg), true) = (q.sig, end_of(k) <= limit) {
+            local.entry(sg.anchor).or_insert((k, sg));
         }
     }
     let mut slots: Vec<Option<Piece>> = pieces.into_iter().map(Some).collect();
@@ -782,11 +789,12 @@ fn rework(
     }
     let k = next.min(slots.len());
     out.extend(slots[k..].iter_mut().filter_map(Option::take));
-    // Sign what will be written, so later data can match it.
+    // Sign the pieces compressed again (an original piece keeps its extent, and its
+    // signature; one without an anchor is looked at again, cheaply).
     for i in 0..out.len() {
         let s = (out[i].lstart - base) as usize;
         let e = out.get(i + 1).map_or(n, |q| (q.lstart - base) as usize);
-        if out[i].refer.is_none() && !out[i].frag {
+        if out[i].sig.is_none() && out[i].refer.is_none() && !out[i].frag {
             out[i].sig = shift::sig(data, anchors, s, e - s);
         }
     }

@@ -20,8 +20,9 @@ fn tree(root: &Path) {
     std::fs::write(root.join("etc/.wh.gone"), b"").expect("write");
 }
 
-fn mkfs_symlink(dir: &Path) -> std::path::PathBuf {
-    let link = dir.join("mkfs.erofs");
+/// A symlink `name` to the ferofs binary in `dir`.
+fn tool_symlink(dir: &Path, name: &str) -> std::path::PathBuf {
+    let link = dir.join(name);
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ferofs"), &link).expect("symlink");
     link
 }
@@ -42,7 +43,7 @@ fn containerd_command_line_on_stdin_builds_what_ferofs_build_builds() {
         .expect("tar");
     assert!(st.success());
     let uuid = "c0ffee00-0000-4000-8000-000000000001";
-    let mkfs = mkfs_symlink(d.path());
+    let mkfs = tool_symlink(d.path(), "mkfs.erofs");
     let a = d.path().join("a.erofs");
     // containerd's EROFS differ: the layer on stdin.
     let out = Command::new(&mkfs)
@@ -122,7 +123,7 @@ fn directory_command_lines_and_unimplemented_options() {
     let d = scratch("dropin-dir");
     let src = d.path().join("src");
     tree(&src);
-    let mkfs = mkfs_symlink(d.path());
+    let mkfs = tool_symlink(d.path(), "mkfs.erofs");
     let a = d.path().join("a.erofs");
     let out = Command::new(&mkfs)
         .args([
@@ -195,12 +196,6 @@ fn directory_command_lines_and_unimplemented_options() {
         assert!(err.contains(name), "{opt}: {err}");
         assert!(!img.exists(), "{opt} left an image");
     }
-}
-
-fn tool_symlink(dir: &Path, name: &str) -> std::path::PathBuf {
-    let link = dir.join(name);
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ferofs"), &link).expect("symlink");
-    link
 }
 
 #[test]

@@ -322,6 +322,17 @@ pub fn run(a: BuildArgs) -> Result<()> {
                 report.metabox_bytes, report.metabox_stored
             );
         }
+        if std::env::var_os("FEROFS_CODEC_STATS").is_some() {
+            // Compressor work, for benchmarks: bytes compressed per byte consumed.
+            use std::sync::atomic::Ordering::Relaxed;
+            eprintln!(
+                "codec work   search {} trials over {} bytes; pieces {} bytes for {} consumed",
+                ferofs_compress::search::TRIALS.load(Relaxed),
+                ferofs_compress::search::TRIAL_BYTES.load(Relaxed),
+                ferofs_compress::PIECE_BYTES.load(Relaxed),
+                ferofs_compress::PIECE_CONSUMED.load(Relaxed),
+            );
+        }
     }
     Ok(())
 }

@@ -1,4 +1,5 @@
-//! The only `unsafe` in ferofs: calls into the bundled C codecs (liblz4, liblzma).
+//! The only `unsafe` in ferofs: calls into the bundled C codecs (liblz4, liblzma, and
+//! libzstd's buffer-less block API).
 //! Every function here takes and returns safe Rust types; each unsafe block states why
 //! it is sound. Audit this file when touching it.
 #![allow(unsafe_code)]
@@ -293,4 +294,158 @@ pub mod lzma {
     }
 
     pub use liblzma_sys::LZMA_PRESET_EXTREME;
+}
+
+#[cfg(feature = "zstd")]
+pub mod zstd {
+    //! libzstd's buffer-less streaming API: one frame compressed piece by piece, each
+    //! call consuming its whole piece and ending its blocks, so the caller sees the
+    //! exact output after every piece (what `ZSTD_compressStream2` hides in its
+    //! buffers). Used to fill a pcluster in one pass instead of compressing
+    //! ever-longer prefixes again (see `zstd_codec`).
+    use std::ffi::c_void;
+    use std::ptr::NonNull;
+    use zstd_sys::{
+        ZSTD_CCtx, ZSTD_adjustCParams, ZSTD_compressBegin_advanced, ZSTD_compressBound,
+        ZSTD_compressContinue, ZSTD_compressEnd, ZSTD_createCCtx, ZSTD_frameParameters,
+        ZSTD_freeCCtx, ZSTD_getCParams, ZSTD_isError, ZSTD_parameters,
+    };
+
+    /// `ZSTD_CONTENTSIZE_UNKNOWN`.
+    const SIZE_UNKNOWN: u64 = u64::MAX;
+
+    /// A compression context of its own (not shared with the one-shot API's).
+    pub struct Frames {
+        cctx: NonNull<ZSTD_CCtx>,
+    }
+
+    // SAFETY: a ZSTD_CCtx has no thread affinity; `Frames` owns it exclusively and every
+    // use goes through `&mut self`, so moving it to another thread is sound.
+    unsafe impl Send for Frames {}
+
+    impl Drop for Frames {
+        fn drop(&mut self) {
+            // SAFETY: the pointer came from ZSTD_createCCtx and is freed once, here.
+            unsafe {
+                ZSTD_freeCCtx(self.cctx.as_ptr());
+            }
+        }
+    }
+
+    /// The frame parameters of one pcluster: no content size (EROFS knows it), no
+    /// checksum, no dictionary id.
+    #[derive(Clone, Copy)]
+    pub struct Setup {
+        pub level: i32,
+        /// At most the window declared in the image's config record.
+        pub window_log: u32,
+        /// The input expected to fit: picks libzstd's parameter row for that size, as
+        /// a one-shot call on that input would.
+        pub size_hint: u64,
+    }
+
+    impl Frames {
+        pub fn new() -> Option<Self> {
+            // SAFETY: allocates a context or returns null.
+            NonNull::new(unsafe { ZSTD_createCCtx() }).map(|cctx| Frames { cctx })
+        }
+
+        /// Start a frame over `src`; its pieces are consecutive slices of `src` from
+        /// its start. Starting a frame forgets every earlier one.
+        pub fn frame<'a>(&'a mut self, src: &'a [u8], setup: Setup) -> Option<Frame<'a>> {
+            let len = src.len() as u64;
+            // SAFETY: pure functions on plain structs.
+            let cparams = unsafe {
+                let mut c = ZSTD_getCParams(setup.level, setup.size_hint.max(1), 0);
+                c.windowLog = setup.window_log;
+                // Shrinks the window (and the tables with it) to the input when the
+                // whole input is smaller; never grows anything.
+                ZSTD_adjustCParams(c, len.max(1), 0)
+            };
+            let params = ZSTD_parameters {
+                cParams: cparams,
+                fParams: ZSTD_frameParameters {
+                    contentSizeFlag: 0,
+                    checksumFlag: 0,
+                    noDictIDFlag: 1,
+                },
+            };
+            // SAFETY: the context is valid; no dictionary (null, 0). Beginning a frame
+            // resets the context's window, so no pointer into an earlier frame's input
+            // is used again.
+            let r = unsafe {
+                ZSTD_compressBegin_advanced(
+                    self.cctx.as_ptr(),
+                    std::ptr::null(),
+                    0,
+                    params,
+                    SIZE_UNKNOWN,
+                )
+            };
+            // SAFETY: pure function on a return code.
+            if unsafe { ZSTD_isError(r) } != 0 {
+                return None;
+            }
+            Some(Frame {
+                frames: self,
+                src,
+                pos: 0,
+            })
+        }
+    }
+
+    /// A frame being written. It borrows its whole input for its whole life: libzstd
+    /// keeps pointers to earlier pieces (the match window) between calls.
+    pub struct Frame<'a> {
+        frames: &'a mut Frames,
+        src: &'a [u8],
+        pos: usize,
+    }
+
+    impl Frame<'_> {
+        /// Input consumed so far.
+        pub fn pos(&self) -> usize {
+            self.pos
+        }
+
+        /// Compress the next `len` bytes of the input (clamped to what is left) into
+        /// `out` (grown to the worst case first), ending the frame after them if
+        /// `end`. Returns the bytes written (the frame header comes with the first
+        /// piece), or None on a codec error (the frame is then unusable).
+        pub fn piece(&mut self, len: usize, end: bool, out: &mut Vec<u8>) -> Option<usize> {
+            let len = len.min(self.src.len() - self.pos);
+            let piece = &self.src[self.pos..self.pos + len];
+            // SAFETY: pure function. 64 bytes more for the frame header and the end
+            // block, which the bound of a piece does not count.
+            let need = unsafe { ZSTD_compressBound(len) }.saturating_add(64);
+            if out.len() < need {
+                out.resize(need, 0);
+            }
+            // SAFETY: `piece` lies in `src`, which this frame borrows for its whole life,
+            // right after the previous piece, so the window libzstd keeps (pointers to
+            // earlier pieces) stays valid and unmodified; `out` is writable for
+            // out.len() bytes, at least the worst case, and libzstd writes no more than
+            // the capacity it is given.
+            let r = unsafe {
+                let f = if end {
+                    ZSTD_compressEnd
+                } else {
+                    ZSTD_compressContinue
+                };
+                f(
+                    self.frames.cctx.as_ptr(),
+                    out.as_mut_ptr().cast::<c_void>(),
+                    out.len(),
+                    piece.as_ptr().cast::<c_void>(),
+                    len,
+                )
+            };
+            // SAFETY: pure function on a return code.
+            if unsafe { ZSTD_isError(r) } != 0 {
+                return None;
+            }
+            self.pos += len;
+            Some(r)
+        }
+    }
 }

@@ -40,6 +40,8 @@ mod lz4;
 mod lzma;
 #[cfg(feature = "zstd")]
 mod zstd_codec;
+#[cfg(feature = "zstd")]
+pub use zstd_codec::{PIECE_BYTES, PIECE_CONSUMED, STREAM_MIN_CAP};
 
 use std::fmt;
 

@@ -88,13 +88,21 @@ fn check(spec_str: &str) {
             };
             match spec.encoder {
                 _ if searched => {
-                    assert_eq!(
-                        oneshot_size(&spec, cap, &input[..consumed]),
-                        written,
-                        "{what}"
-                    );
+                    // zstd fills pclusters of STREAM_MIN_CAP and more piece by piece
+                    // (zstd_codec.rs): not a one-shot frame, and up to about 1 % short
+                    // of the longest prefix a one-shot frame could hold.
+                    let pieces = spec.encoder == Encoder::Zstd && cap >= STREAM_MIN_CAP;
+                    if !pieces {
+                        assert_eq!(
+                            oneshot_size(&spec, cap, &input[..consumed]),
+                            written,
+                            "{what}"
+                        );
+                    }
                     // DEFLATE may leave max(16, cap/512) bytes unused (search.rs).
-                    let frac = if spec.encoder == Encoder::Deflate {
+                    let frac = if pieces {
+                        100
+                    } else if spec.encoder == Encoder::Deflate {
                         200
                     } else {
                         1000

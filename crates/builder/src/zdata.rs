@@ -144,6 +144,7 @@ pub enum FragMode {
 }
 
 /// One compressed piece of a segment.
+#[derive(Clone)]
 struct Piece {
     lstart: u64,
     /// Compressed stream (not padded), or raw bytes for PLAIN.
@@ -660,6 +661,8 @@ fn rework(
             continue;
         }
         let mut chosen = None;
+        // Sides compressed for this match: (from, to, as one piece) -> pieces.
+        let mut sides: HashMap<(usize, usize, bool), Option<Vec<Piece>>> = HashMap::new();
         // The bytes around the match are compressed again up to the neighbouring piece
         // boundaries. Where data does not compress, one block a piece can put two
         // extent heads in one lcluster (the format allows one); then try, in turn:
@@ -722,16 +725,27 @@ fn rework(
                         .sum();
                     // Each side as the codec cuts it, or else as one compressed piece.
                     for single in 0..4u8 {
-                        let side = |re: &mut Recompress, one: bool, from: usize, to: usize| {
+                        // The variants share most sides: each is compressed once per
+                        // match (`sides`).
+                        let mut side = |re: &mut Recompress,
+                                        one: bool,
+                                        from: usize,
+                                        to: usize|
+                         -> Result<Option<Vec<Piece>>> {
                             if from >= to {
-                                Ok(Some(Vec::new()))
-                            } else if one {
-                                let at = base + from as u64;
-                                Ok(re.one_piece(job, &data[from..to], at)?.map(|q| vec![q]))
-                            } else {
-                                re.pieces(job, &data[from..to], base + from as u64)
-                                    .map(Some)
+                                return Ok(Some(Vec::new()));
                             }
+                            if let Some(v) = sides.get(&(from, to, one)) {
+                                return Ok(v.clone());
+                            }
+                            let v = if one {
+                                let at = base + from as u64;
+                                re.one_piece(job, &data[from..to], at)?.map(|q| vec![q])
+                            } else {
+                                Some(re.pieces(job, &data[from..to], base + from as u64)?)
+                            };
+                            sides.insert((from, to, one), v.clone());
+                            Ok(v)
                         };
                         let (Some(mut run), Some(post)) = (
                             side(re, single & 1 != 0, sa, s)?,

@@ -180,7 +180,7 @@ impl Zstd {
                 forced = Some(if retry < MIN_PIECE {
                     0
                 } else {
-                    retry.min(p - 1)
+                    retry.min(p.saturating_sub(1))
                 });
                 continue;
             }

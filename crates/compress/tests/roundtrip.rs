@@ -346,3 +346,61 @@ fn zstd_frames_without_content_size() {
         assert_eq!(dst[4] & 0xE0, 0, "cap {cap}: FHD {:#04x}", dst[4]);
     }
 }
+
+/// zstd at 128 KiB (pieces): a whole stream consumed pcluster by pcluster, through data
+/// whose ratio swings (text, random, zeros, mixed, then text again), at levels 3 and 19.
+/// Every pcluster fits, decodes to exactly what it consumed, and the compressible parts
+/// pack near what one-shot frames hold.
+#[test]
+fn zstd_pieces_follow_a_stream() {
+    let cap = STREAM_MIN_CAP;
+    let mut data = text(cap * 10, 7);
+    data.extend(random(cap * 3, 8));
+    data.extend(vec![0u8; cap * 5]);
+    data.extend(mixed(cap * 6, 9));
+    data.extend(text(cap * 6, 10));
+    for level in [3, 19] {
+        let spec = spec(&format!("zstd,level={level}"));
+        let mut c = new_compressor(&spec, cap as u32).expect("compressor");
+        c.begin_stream();
+        let cfg = cfg(&spec, cap);
+        let (mut pos, mut pclusters, mut stored) = (0usize, 0usize, 0usize);
+        let mut packed = 0u64;
+        let before = PIECE_CONSUMED.load(std::sync::atomic::Ordering::Relaxed);
+        // Bounded: each round consumes at least one byte.
+        while pos < data.len() {
+            let src = &data[pos..(pos + (8 << 20)).min(data.len())];
+            let mut dst = vec![0u8; cap];
+            let (consumed, written) = c.compress_destsize(src, &mut dst);
+            let what = format!("level {level} at {pos}");
+            if consumed == 0 {
+                // Incompressible here: the caller stores a pcluster's worth.
+                assert_eq!(written, 0, "{what}");
+                pos += cap.min(src.len());
+                stored += 1;
+                continue;
+            }
+            assert!(written > 0 && written <= cap, "{what}: wrote {written}");
+            assert!(
+                consumed > cap || consumed == src.len(),
+                "{what}: {consumed}"
+            );
+            let mut out = vec![0u8; consumed];
+            decompress(Algorithm::Zstd, &dst[..written], &mut out, false, &cfg)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(out == src[..consumed], "{what}: roundtrip differs");
+            pos += consumed;
+            packed += consumed as u64;
+            pclusters += 1;
+        }
+        // Most of it went through the pieces (counters only grow; other tests add).
+        let after = PIECE_CONSUMED.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            after - before >= packed / 2,
+            "level {level}: pieces not used"
+        );
+        // The random stretch is stored (about 3 pclusters), the rest compresses.
+        assert!((2..=4).contains(&stored), "level {level}: {stored} stored");
+        assert!(pclusters >= 4, "level {level}: {pclusters} pclusters");
+    }
+}

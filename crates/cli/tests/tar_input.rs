@@ -459,12 +459,78 @@ fn aufs_layers_match_mkfs_erofs_and_a_flattened_stack_matches_overlayfs() {
         &flat,
         None,
     );
+    // The reference a container runtime's unpacker gives: each layer extracted in
+    // order by GNU tar, its whiteouts applied first to what the lower layers left
+    // (`.wh.NAME` removes NAME, `.wh..wh..opq` empties its directory), the markers
+    // themselves not extracted. One difference between unpacking and stacking is
+    // real and left out: tar (like containerd's applier) keeps a lower layer's xattrs
+    // on a directory an upper layer lists again, where overlayfs shows the upper
+    // directory's alone; the reference drops them before each layer.
+    let unpacked = scratch("unpacked");
+    for l in &layers {
+        let list = Command::new("tar")
+            .arg("-tf")
+            .arg(l)
+            .output()
+            .expect("tar -t");
+        assert!(list.status.success(), "tar -t {}", l.display());
+        for name in String::from_utf8_lossy(&list.stdout).lines() {
+            if name.ends_with('/') {
+                let d = unpacked.path().join(name.trim_start_matches("./"));
+                for x in xattr::list(&d).into_iter().flatten() {
+                    xattr::remove(&d, &x).expect("drop a lower layer's directory xattr");
+                }
+                continue;
+            }
+            let p = Path::new(name.trim_start_matches("./"));
+            let (Some(dir), Some(base)) = (p.parent(), p.file_name()) else {
+                continue;
+            };
+            let base = base.to_string_lossy();
+            let target = unpacked.path().join(dir);
+            if base == ".wh..wh..opq" {
+                for e in std::fs::read_dir(&target).into_iter().flatten().flatten() {
+                    let q = e.path();
+                    if q.is_dir() && !q.is_symlink() {
+                        std::fs::remove_dir_all(&q).expect("opaque: rmdir");
+                    } else {
+                        std::fs::remove_file(&q).expect("opaque: rm");
+                    }
+                }
+            } else if let Some(gone) = base.strip_prefix(".wh.") {
+                let q = target.join(gone);
+                if q.is_dir() && !q.is_symlink() {
+                    std::fs::remove_dir_all(&q).expect("whiteout: rmdir");
+                } else if q.symlink_metadata().is_ok() {
+                    std::fs::remove_file(&q).expect("whiteout: rm");
+                }
+            }
+        }
+        run_cmd(
+            Command::new("tar")
+                .args([
+                    "--extract",
+                    "--xattrs",
+                    "--xattrs-include=*",
+                    "--acls",
+                    "--numeric-owner",
+                    "--same-permissions",
+                    "--exclude=.wh.*",
+                    "-f",
+                ])
+                .arg(l)
+                .arg("-C")
+                .arg(unpacked.path()),
+        );
+    }
     let result = std::panic::catch_unwind(|| {
         let f = Mount::erofs(&flat);
         assert!(!f.path().join("bigdir/0").exists() && f.path().join("bigdir/back").exists());
         assert!(!f.path().join("added").exists() && !f.path().join("deep/level-01").exists());
         assert!(!f.path().join("files/readme.txt").exists());
         assert_same_tree(ov.path(), f.path());
+        // The overlayfs stack of the layer images equals the unpacked layers.
+        assert_same_tree(unpacked.path(), ov.path());
     });
     let _ = Command::new("umount").arg(ov.path()).status();
     if let Err(e) = result {

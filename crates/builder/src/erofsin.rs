@@ -203,11 +203,7 @@ pub fn scan_image(path: &Path, opts: &BuildOptions) -> Result<Tree> {
             if e.name == b"." || e.name == b".." {
                 continue;
             }
-            let mut crel = rel.clone();
-            if !crel.is_empty() {
-                crel.push(b'/');
-            }
-            crel.extend_from_slice(&e.name);
+            let crel = crate::scan::child_rel(&rel, &e.name);
             let shown = || p.join(std::ffi::OsStr::new(&*String::from_utf8_lossy(&crel)));
             if e.name.is_empty()
                 || e.name.len() > ferofs_format::MAX_NAME_LEN

@@ -88,10 +88,7 @@ pub fn build_from_tars(
     opts: &BuildOptions,
 ) -> Result<BuildReport> {
     opts.check()?;
-    let dir = match output.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
+    let dir = out::dir_of(output);
     let t = tarball::scan_tars(inputs, dir, opts)?;
     let r = build_tree(t.tree, output, opts);
     drop(t.spools);
@@ -107,10 +104,7 @@ pub fn build_from_squashfs(
     opts: &BuildOptions,
 ) -> Result<BuildReport> {
     opts.check()?;
-    let dir = match output.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
+    let dir = out::dir_of(output);
     let t = squashfs::scan_squashfs(image, dir, opts)?;
     let r = build_tree(t.tree, output, opts);
     drop(t.spool);

@@ -66,10 +66,7 @@ impl Out {
 
     /// A scratch file beside the output (same filesystem), removed when dropped.
     pub fn spool(&self, what: &str) -> Result<tempfile::NamedTempFile> {
-        let dir = match self.tmp.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
+        let dir = dir_of(&self.tmp).to_path_buf();
         tempfile::Builder::new()
             .prefix(&format!(".ferofs-{what}-"))
             .tempfile_in(&dir)
@@ -108,5 +105,13 @@ impl Drop for Out {
         if !self.done {
             let _ = std::fs::remove_file(&self.tmp);
         }
+    }
+}
+
+/// The directory `path` is in (`.` for a bare name): where its scratch files go.
+pub(crate) fn dir_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
     }
 }

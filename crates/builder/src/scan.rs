@@ -274,11 +274,7 @@ impl Scanner<'_> {
                     what: "name longer than 255 bytes".into(),
                 });
             }
-            let mut crel = rel.to_vec();
-            if !crel.is_empty() {
-                crel.push(b'/');
-            }
-            crel.extend_from_slice(&name);
+            let crel = child_rel(rel, &name);
             if self.excluded(&crel) {
                 continue;
             }
@@ -369,4 +365,15 @@ pub fn fix_nlinks(tree: &mut Tree) {
             counts[id].max(1)
         };
     }
+}
+
+/// The source-relative path of `name` in the directory at `rel` (`""` is the root).
+pub(crate) fn child_rel(rel: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut crel = Vec::with_capacity(rel.len() + 1 + name.len());
+    crel.extend_from_slice(rel);
+    if !crel.is_empty() {
+        crel.push(b'/');
+    }
+    crel.extend_from_slice(name);
+    crel
 }

@@ -845,11 +845,7 @@ pub fn scan_squashfs(image: &Path, spool_dir: &Path, opts: &BuildOptions) -> Res
         let mut entries = Vec::with_capacity(list.len());
         let mut subdirs = Vec::new();
         for (name, r) in list {
-            let mut crel = rel.clone();
-            if !crel.is_empty() {
-                crel.push(b'/');
-            }
-            crel.extend_from_slice(&name);
+            let crel = crate::scan::child_rel(&rel, &name);
             if excluded(&crel) {
                 continue;
             }

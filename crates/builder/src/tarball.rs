@@ -1411,11 +1411,7 @@ impl Arena {
             let mut entries = Vec::with_capacity(children.len());
             let mut subdirs = Vec::new();
             for (name, d) in children {
-                let mut crel = rel.clone();
-                if !crel.is_empty() {
-                    crel.push(b'/');
-                }
-                crel.extend_from_slice(&name);
+                let crel = crate::scan::child_rel(&rel, &name);
                 if excluded(&crel) {
                     continue;
                 }

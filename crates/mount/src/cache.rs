@@ -12,6 +12,7 @@
 //! decompress it once. The loader may publish a value without keeping it (a read that
 //! covered an extent whole leaves it to the kernel's page cache).
 
+use ferofs_reader::clock::Clock;
 use ferofs_reader::{DirEntry, Inode};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -117,79 +118,10 @@ impl Drop for Publish<'_> {
     }
 }
 
-struct Slot {
-    key: Key,
-    val: Val,
-    charge: usize,
-    referenced: bool,
-}
-
 #[derive(Default)]
 struct Shard {
-    map: HashMap<Key, usize>,
-    slots: Vec<Option<Slot>>,
-    free: Vec<usize>,
-    hand: usize,
+    clock: Clock<Key, Val>,
     flights: HashMap<Key, Arc<Flight>>,
-}
-
-impl Shard {
-    /// Evict one entry (CLOCK); its charge, or None when the shard is empty.
-    fn evict_one(&mut self) -> Option<usize> {
-        if self.map.is_empty() {
-            return None;
-        }
-        let n = self.slots.len();
-        // At most two sweeps: the first clears every reference bit it passes.
-        for _ in 0..n.saturating_mul(2) {
-            let i = self.hand;
-            self.hand = if i + 1 >= n { 0 } else { i + 1 };
-            let victim = match self.slots.get_mut(i) {
-                Some(Some(s)) if s.referenced => {
-                    s.referenced = false;
-                    false
-                }
-                Some(Some(_)) => true,
-                _ => false,
-            };
-            if victim {
-                let s = self.slots.get_mut(i).and_then(Option::take)?;
-                self.map.remove(&s.key);
-                self.free.push(i);
-                return Some(s.charge);
-            }
-        }
-        None
-    }
-
-    fn insert(&mut self, key: Key, val: Val, charge: usize) -> isize {
-        let slot = Slot {
-            key,
-            val,
-            charge,
-            referenced: true,
-        };
-        if let Some(&i) = self.map.get(&key) {
-            if let Some(Some(s)) = self.slots.get_mut(i) {
-                let old = std::mem::replace(s, slot);
-                return charge as isize - old.charge as isize;
-            }
-        }
-        let i = match self.free.pop() {
-            Some(i) => {
-                if let Some(s) = self.slots.get_mut(i) {
-                    *s = Some(slot);
-                }
-                i
-            }
-            None => {
-                self.slots.push(Some(slot));
-                self.slots.len() - 1
-            }
-        };
-        self.map.insert(key, i);
-        charge as isize
-    }
 }
 
 /// Counters, printed at unmount with `-v`.
@@ -245,29 +177,22 @@ impl Cache {
 
     #[cfg(test)]
     pub(crate) fn get(&self, key: Key) -> Option<Val> {
-        let mut g = self.lock(shard_of(&key))?;
-        let i = *g.map.get(&key)?;
-        let s = g.slots.get_mut(i)?.as_mut()?;
-        s.referenced = true;
-        Some(s.val.clone())
+        self.lock(shard_of(&key))?.clock.get(&key).cloned()
     }
 
     /// Remove `key` and return its value (a prefetched extent the kernel has now read
     /// whole: its pages are in the page cache, so it will not be asked for again).
     pub(crate) fn take(&self, key: Key) -> Option<Val> {
-        let mut g = self.lock(shard_of(&key))?;
-        let i = g.map.remove(&key)?;
-        let s = g.slots.get_mut(i)?.take()?;
-        g.free.push(i);
-        self.used.fetch_sub(s.charge, Ordering::Relaxed);
+        let (val, charge) = self.lock(shard_of(&key))?.clock.take(&key)?;
+        self.used.fetch_sub(charge, Ordering::Relaxed);
         self.stats.hits.fetch_add(1, Ordering::Relaxed);
-        Some(s.val)
+        Some(val)
     }
 
     /// True when `key` is cached or being loaded.
     pub(crate) fn present(&self, key: Key) -> bool {
         self.lock(shard_of(&key))
-            .is_some_and(|g| g.map.contains_key(&key) || g.flights.contains_key(&key))
+            .is_some_and(|g| g.clock.contains(&key) || g.flights.contains_key(&key))
     }
 
     /// The value for `key`: from the cache, from another thread's load in progress, or
@@ -284,12 +209,10 @@ impl Cache {
             let Some(mut g) = self.lock(si) else {
                 return load();
             };
-            if let Some(&i) = g.map.get(&key) {
-                if let Some(Some(s)) = g.slots.get_mut(i) {
-                    s.referenced = true;
-                    self.stats.hits.fetch_add(1, Ordering::Relaxed);
-                    return Ok(s.val.clone());
-                }
+            if let Some(v) = g.clock.get(&key) {
+                let v = v.clone();
+                self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(v);
             }
             if let Some(f) = g.flights.get(&key) {
                 let f = f.clone();
@@ -335,7 +258,7 @@ impl Cache {
         let home = shard_of(&key);
         {
             let Some(mut g) = self.lock(home) else { return };
-            let d = g.insert(key, val, charge);
+            let d = g.clock.insert(key, val, charge);
             if d >= 0 {
                 self.used.fetch_add(d.unsigned_abs(), Ordering::Relaxed);
             } else {
@@ -356,7 +279,7 @@ impl Cache {
                 continue;
             };
             while self.used() > self.budget {
-                match g.evict_one() {
+                match g.clock.evict_one() {
                     Some(n) => {
                         self.used.fetch_sub(n, Ordering::Relaxed);
                     }

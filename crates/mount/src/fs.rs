@@ -525,6 +525,38 @@ impl<S: Source + 'static> ErofsFs<S> {
         Ok((ino, a))
     }
 
+    /// Walk the listing of directory `ino` from `offset` (with "." first when the image
+    /// omits it): `add(dir nid, next offset, name, entry nid, file type)` returns true
+    /// when the reply buffer is full, which ends the walk.
+    fn walk_dir(
+        &self,
+        ino: INodeNo,
+        offset: u64,
+        mut add: impl FnMut(u64, u64, &[u8], u64, u8) -> Result<bool, i32>,
+    ) -> Result<(), i32> {
+        let sh = &self.shared;
+        let nid = sh.nid_of(ino.0);
+        let dir = sh.inode(nid)?;
+        let ents = sh.dir(&dir)?;
+        let dot = usize::from(dir.dot_omitted);
+        let total = ents.len() + dot;
+        let mut i = to_idx(offset)?;
+        // Bounded by the listing; stops when the reply buffer is full.
+        while i < total {
+            let (name, enid, ft): (&[u8], u64, u8) = if dot == 1 && i == 0 {
+                (b".", nid, 2)
+            } else {
+                let e = ents.get(i - dot).ok_or(libc_errno::EIO)?;
+                (&e.name, e.nid, e.file_type)
+            };
+            if add(nid, (i + 1) as u64, name, enid, ft)? {
+                break;
+            }
+            i += 1;
+        }
+        Ok(())
+    }
+
     /// Attributes for an entry reply: `ino` doubles as the node id.
     fn entry_attr(&self, nid: u64) -> Result<FileAttr, i32> {
         let ino = self.shared.inode(nid)?;
@@ -732,35 +764,18 @@ impl<S: Source + 'static> Filesystem for ErofsFs<S> {
     ) {
         let r = guarded(|| {
             let sh = &self.shared;
-            let nid = sh.nid_of(ino.0);
-            let dir = sh.inode(nid)?;
-            let ents = sh.dir(&dir)?;
-            let dot = usize::from(dir.dot_omitted);
-            let total = ents.len() + dot;
-            let mut i = to_idx(offset)?;
-            // Bounded by the listing; stops when the reply buffer is full.
-            while i < total {
-                let (name, enid, ft): (&[u8], u64, u8) = if dot == 1 && i == 0 {
-                    (b".", nid, 2)
-                } else {
-                    let e = ents.get(i - dot).ok_or(libc_errno::EIO)?;
-                    (&e.name, e.nid, e.file_type)
-                };
+            self.walk_dir(ino, offset, |_, next, name, enid, ft| {
                 let kind = match kind_of_ft(ft) {
                     Some(k) => k,
                     None => kind_of(sh.inode(enid)?.mode),
                 };
-                if reply.add(
+                Ok(reply.add(
                     INodeNo(sh.st_ino(enid)),
-                    (i + 1) as u64,
+                    next,
                     kind,
                     OsStr::from_bytes(name),
-                ) {
-                    break;
-                }
-                i += 1;
-            }
-            Ok(())
+                ))
+            })
         });
         match r {
             Ok(()) => reply.ok(),
@@ -778,19 +793,7 @@ impl<S: Source + 'static> Filesystem for ErofsFs<S> {
     ) {
         let r = guarded(|| {
             let sh = &self.shared;
-            let nid = sh.nid_of(ino.0);
-            let dir = sh.inode(nid)?;
-            let ents = sh.dir(&dir)?;
-            let dot = usize::from(dir.dot_omitted);
-            let total = ents.len() + dot;
-            let mut i = to_idx(offset)?;
-            while i < total {
-                let (name, enid): (&[u8], u64) = if dot == 1 && i == 0 {
-                    (b".", nid)
-                } else {
-                    let e = ents.get(i - dot).ok_or(libc_errno::EIO)?;
-                    (&e.name, e.nid)
-                };
+            self.walk_dir(ino, offset, |nid, next, name, enid, _| {
                 let special = name == b"." || name == b"..";
                 let a = if special {
                     // The kernel does not link "." and "..": their ino is only d_ino.
@@ -802,19 +805,15 @@ impl<S: Source + 'static> Filesystem for ErofsFs<S> {
                     }
                     self.entry_attr(enid)?
                 };
-                if reply.add(
+                Ok(reply.add(
                     a.ino,
-                    (i + 1) as u64,
+                    next,
                     OsStr::from_bytes(name),
                     &TTL,
                     &a,
                     Generation(0),
-                ) {
-                    break;
-                }
-                i += 1;
-            }
-            Ok(())
+                ))
+            })
         });
         match r {
             Ok(()) => reply.ok(),

@@ -11,7 +11,7 @@
 //! The budget is global: an insert evicts from its own shard first and, only when that
 //! shard is empty, from the others (never holding two locks).
 
-use std::collections::HashMap;
+use crate::clock::Clock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -23,49 +23,7 @@ pub(crate) type Bytes = Arc<Vec<u8>>;
 /// Number of shards (a power of two).
 pub(crate) const SHARDS: usize = 16;
 
-struct Slot {
-    key: Key,
-    val: Bytes,
-    referenced: bool,
-}
-
-#[derive(Default)]
-struct Shard {
-    map: HashMap<Key, usize>,
-    slots: Vec<Option<Slot>>,
-    free: Vec<usize>,
-    hand: usize,
-}
-
-impl Shard {
-    /// Evict one entry (CLOCK); its size, or None when the shard is empty. At most two
-    /// sweeps over the slots: the first clears every reference bit it passes.
-    fn evict_one(&mut self) -> Option<usize> {
-        if self.map.is_empty() {
-            return None;
-        }
-        let n = self.slots.len();
-        for _ in 0..n.saturating_mul(2) {
-            let i = self.hand;
-            self.hand = if i + 1 >= n { 0 } else { i + 1 };
-            let victim = match self.slots.get_mut(i) {
-                Some(Some(s)) if s.referenced => {
-                    s.referenced = false;
-                    false
-                }
-                Some(Some(_)) => true,
-                _ => false,
-            };
-            if victim {
-                let s = self.slots.get_mut(i).and_then(Option::take)?;
-                self.map.remove(&s.key);
-                self.free.push(i);
-                return Some(s.val.len());
-            }
-        }
-        None
-    }
-}
+type Shard = Clock<Key, Bytes>;
 
 pub(crate) struct ExtentCache {
     shards: Box<[Mutex<Shard>]>,
@@ -110,11 +68,7 @@ impl ExtentCache {
     }
 
     pub(crate) fn get(&self, key: Key) -> Option<Bytes> {
-        let mut g = self.lock(shard_of(key))?;
-        let i = *g.map.get(&key)?;
-        let s = g.slots.get_mut(i)?.as_mut()?;
-        s.referenced = true;
-        Some(s.val.clone())
+        self.lock(shard_of(key))?.get(&key).cloned()
     }
 
     /// Insert or replace; values larger than the whole budget are not kept.
@@ -124,36 +78,12 @@ impl ExtentCache {
             return;
         }
         let home = shard_of(key);
-        {
-            let Some(mut g) = self.lock(home) else { return };
-            let g = &mut *g;
-            if let Some(&i) = g.map.get(&key) {
-                if let Some(Some(s)) = g.slots.get_mut(i) {
-                    let old = std::mem::replace(&mut s.val, val);
-                    s.referenced = true;
-                    self.used.fetch_add(len, Ordering::Relaxed);
-                    self.used.fetch_sub(old.len(), Ordering::Relaxed);
-                }
+        if let Some(mut g) = self.lock(home) {
+            let d = g.insert(key, val, len);
+            if d >= 0 {
+                self.used.fetch_add(d.unsigned_abs(), Ordering::Relaxed);
             } else {
-                let slot = Slot {
-                    key,
-                    val,
-                    referenced: true,
-                };
-                let i = match g.free.pop() {
-                    Some(i) => {
-                        if let Some(s) = g.slots.get_mut(i) {
-                            *s = Some(slot);
-                        }
-                        i
-                    }
-                    None => {
-                        g.slots.push(Some(slot));
-                        g.slots.len() - 1
-                    }
-                };
-                g.map.insert(key, i);
-                self.used.fetch_add(len, Ordering::Relaxed);
+                self.used.fetch_sub(d.unsigned_abs(), Ordering::Relaxed);
             }
         }
         self.shrink(home);
@@ -183,7 +113,7 @@ impl ExtentCache {
     #[cfg(test)]
     fn len(&self) -> usize {
         (0..SHARDS)
-            .filter_map(|i| self.lock(i).map(|g| g.map.len()))
+            .filter_map(|i| self.lock(i).map(|g| g.len()))
             .sum()
     }
 }

@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 mod cache;
+pub mod clock;
 pub mod data;
 pub mod dir;
 pub mod error;

@@ -33,8 +33,8 @@ pub struct FragStore {
     entries: Vec<Entry>,
     /// Per handed-out fragment id: its entry (several ids share one with dedupe).
     ids: Vec<usize>,
-    /// The fragment being written: start, running hash.
-    open: Option<(u64, Xxh3)>,
+    /// The fragment being written: start, running hash (with dedupe).
+    open: Option<(u64, Option<Xxh3>)>,
     /// With dedupe: (hash, length) -> entries with that hash.
     seen: Option<HashMap<(u128, u64), Vec<usize>>>,
     /// Fragment bytes handed in (duplicates counted each time).
@@ -75,7 +75,7 @@ impl FragStore {
 
     /// Start a fragment.
     pub fn begin(&mut self) {
-        self.open = Some((self.len, Xxh3::new()));
+        self.open = Some((self.len, self.seen.is_some().then(Xxh3::new)));
     }
 
     /// Append bytes to the open fragment.
@@ -83,7 +83,9 @@ impl FragStore {
         let Some((_, h)) = self.open.as_mut() else {
             return Err(BuildError::Options("internal: no open fragment".into()));
         };
-        h.update(bytes);
+        if let Some(h) = h {
+            h.update(bytes);
+        }
         self.spool
             .as_file()
             .write_all_at(bytes, self.len)
@@ -101,8 +103,9 @@ impl FragStore {
         let len = self.len - off;
         let mut entry = self.entries.len();
         let mut dup = None;
-        if let Some(seen) = &self.seen {
-            if let Some(cands) = seen.get(&(h.digest128(), len)) {
+        let key = h.map(|h| (h.digest128(), len));
+        if let (Some(seen), Some(key)) = (&self.seen, key) {
+            if let Some(cands) = seen.get(&key) {
                 for &c in cands {
                     if self.same(self.entries[c].off, off, len)? {
                         dup = Some(c);
@@ -116,8 +119,8 @@ impl FragStore {
             self.len = off;
             self.deduped += len;
         } else {
-            if let Some(seen) = &mut self.seen {
-                seen.entry((h.digest128(), len)).or_default().push(entry);
+            if let (Some(seen), Some(key)) = (&mut self.seen, key) {
+                seen.entry(key).or_default().push(entry);
             }
             self.entries.push(Entry { off });
         }

@@ -163,7 +163,7 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
                 _ if listed[id] => FragMode::None,
                 Fragments::Off => FragMode::None,
                 Fragments::All { .. } => FragMode::Whole,
-                Fragments::Tails { .. } if size <= u64::from(pcl) => FragMode::Whole,
+                Fragments::Tails { .. } if size <= 2 * u64::from(pcl) => FragMode::Whole,
                 Fragments::Tails { .. } => FragMode::Tail,
             };
             reqs.push(zdata::FileReq {

@@ -188,6 +188,10 @@ struct SegOut {
     fed: u64,
 }
 
+/// A file's rest goes to the packed inode uncompressed when the last pcluster's
+/// ratio says it compresses to less than 8/FRAG_GUESS_MARGIN of a pcluster.
+const FRAG_GUESS_MARGIN: usize = 9;
+
 /// Most input one extent may take (the kernel accepts up to 12 MiB decoded).
 const MAX_EXTENT_INPUT: usize = 8 << 20;
 /// Segment size: a file compresses in independent pieces of this many bytes.
@@ -245,7 +249,12 @@ fn compress_segment(
     }
     let (pieces, fed) = compress_data(job, &data, comps, dst, c, bs)?;
     if job.shift {
-        let anchors = shift::anchors(&data);
+        // Matches keep clear of a fragment: no anchors there.
+        let keep = match pieces.last() {
+            Some(p) if p.frag => (p.lstart - job.start) as usize,
+            _ => data.len(),
+        };
+        let anchors = shift::anchors(&data[..keep.min(data.len())]);
         return Ok(SegOut {
             pieces,
             raw: None,
@@ -324,19 +333,31 @@ fn compress_data(
     let plain_tail = job.last && !c.ztailpacking && !frag_tail;
     // Input bytes handed to the compressor.
     let mut fed = len as u64;
+    // Input per output byte of the last pcluster this job compressed.
+    let mut ratio: Option<f64> = None;
     // Bounded: every iteration consumes at least one byte.
     while pos < len {
-        if frag_tail && len - pos <= job.pcluster as usize {
+        let rest = len - pos;
+        // A rest that fits a pcluster raw, or that the last pcluster's ratio says
+        // compresses well inside one, goes to the packed inode without being
+        // compressed here first (it would be compressed there again).
+        let guess = ratio.map(|r| (rest as f64 / r) as usize);
+        if frag_tail
+            && (rest <= job.pcluster as usize
+                || guess.is_some_and(|w| {
+                    w.saturating_mul(FRAG_GUESS_MARGIN) < job.pcluster as usize * 8
+                }))
+        {
             pieces.push(Piece {
                 lstart: job.start + pos as u64,
                 bytes: data[pos..].to_vec(),
                 plain: false,
                 frag: true,
-                est: (len - pos) as u64,
+                est: guess.unwrap_or(rest).min(rest) as u64,
                 refer: None,
                 sig: None,
             });
-            fed -= (len - pos) as u64;
+            fed -= rest as u64;
             break;
         }
         if plain_tail && (len - pos) as u64 <= bs {
@@ -412,6 +433,7 @@ fn compress_data(
         let may_inline =
             job.last && c.ztailpacking && pos + consumed == len && (written as u64) < bs;
         if consumed > 0 && written > 0 && (stored < consumed as u64 || may_inline) {
+            ratio = Some(consumed as f64 / written as f64);
             pieces.push(Piece {
                 lstart: job.start + pos as u64,
                 bytes: dst[..written].to_vec(),

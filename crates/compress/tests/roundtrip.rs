@@ -350,7 +350,8 @@ fn zstd_frames_without_content_size() {
 /// zstd at 128 KiB (pieces): a whole stream consumed pcluster by pcluster, through data
 /// whose ratio swings (text, random, zeros, mixed, then text again), at levels 3 and 19.
 /// Every pcluster fits, decodes to exactly what it consumed, and the compressible parts
-/// pack near what one-shot frames hold.
+/// pack near what one-shot frames hold. At level 3 one frame ends before an overflowing
+/// piece (an empty last block) and still decodes.
 #[test]
 fn zstd_pieces_follow_a_stream() {
     let cap = STREAM_MIN_CAP;
@@ -367,6 +368,7 @@ fn zstd_pieces_follow_a_stream() {
         let (mut pos, mut pclusters, mut stored) = (0usize, 0usize, 0usize);
         let mut packed = 0u64;
         let before = PIECE_CONSUMED.load(std::sync::atomic::Ordering::Relaxed);
+        let early = PIECE_EARLY_ENDS.load(std::sync::atomic::Ordering::Relaxed);
         // Bounded: each round consumes at least one byte.
         while pos < data.len() {
             let src = &data[pos..(pos + (8 << 20)).min(data.len())];
@@ -402,5 +404,11 @@ fn zstd_pieces_follow_a_stream() {
         // The random stretch is stored (about 3 pclusters), the rest compresses.
         assert!((2..=4).contains(&stored), "level {level}: {stored} stored");
         assert!(pclusters >= 4, "level {level}: {pclusters} pclusters");
+        if level == 3 {
+            // A frame ended early (less than SMALL_ROOM left at an overflow) is among
+            // those that decoded above.
+            let ends = PIECE_EARLY_ENDS.load(std::sync::atomic::Ordering::Relaxed) - early;
+            assert!(ends >= 1, "level 3: no frame ended early");
+        }
     }
 }

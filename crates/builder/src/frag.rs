@@ -26,6 +26,16 @@ struct Entry {
     off: u64,
 }
 
+/// With dedupe: what is known of the fragments stored so far.
+#[derive(Default)]
+struct Seen {
+    /// Length -> the entries of that length not hashed yet. Most lengths occur once,
+    /// so a fragment is hashed only when another one has its length (then both are).
+    unhashed: HashMap<u64, Vec<usize>>,
+    /// (xxh3-128, length) -> hashed entries.
+    hashed: HashMap<(u128, u64), Vec<usize>>,
+}
+
 /// Collects fragments.
 pub struct FragStore {
     spool: tempfile::NamedTempFile,
@@ -33,10 +43,9 @@ pub struct FragStore {
     entries: Vec<Entry>,
     /// Per handed-out fragment id: its entry (several ids share one with dedupe).
     ids: Vec<usize>,
-    /// The fragment being written: start, running hash (with dedupe).
-    open: Option<(u64, Option<Xxh3>)>,
-    /// With dedupe: (hash, length) -> entries with that hash.
-    seen: Option<HashMap<(u128, u64), Vec<usize>>>,
+    /// Where the fragment being written starts.
+    open: Option<u64>,
+    seen: Option<Seen>,
     /// Fragment bytes handed in (duplicates counted each time).
     pub bytes_in: u64,
     /// Bytes not stored again thanks to dedupe.
@@ -51,7 +60,7 @@ pub struct Packed {
     pub offsets: Vec<u64>,
 }
 
-/// Most bytes compared at once when checking a dedupe match.
+/// Most bytes compared or hashed at once.
 const CMP_CHUNK: u64 = 1 << 20;
 
 impl FragStore {
@@ -63,7 +72,7 @@ impl FragStore {
             entries: Vec::new(),
             ids: Vec::new(),
             open: None,
-            seen: dedupe.then(HashMap::new),
+            seen: dedupe.then(Seen::default),
             bytes_in: 0,
             deduped: 0,
         })
@@ -75,16 +84,13 @@ impl FragStore {
 
     /// Start a fragment.
     pub fn begin(&mut self) {
-        self.open = Some((self.len, self.seen.is_some().then(Xxh3::new)));
+        self.open = Some(self.len);
     }
 
     /// Append bytes to the open fragment.
     pub fn push(&mut self, bytes: &[u8]) -> Result<()> {
-        let Some((_, h)) = self.open.as_mut() else {
+        if self.open.is_none() {
             return Err(BuildError::Options("internal: no open fragment".into()));
-        };
-        if let Some(h) = h {
-            h.update(bytes);
         }
         self.spool
             .as_file()
@@ -97,35 +103,48 @@ impl FragStore {
 
     /// Close the open fragment; returns its id.
     pub fn end(&mut self) -> Result<usize> {
-        let Some((off, h)) = self.open.take() else {
+        let Some(off) = self.open.take() else {
             return Err(BuildError::Options("internal: no open fragment".into()));
         };
         let len = self.len - off;
-        let mut entry = self.entries.len();
+        let entry = self.entries.len();
         let mut dup = None;
-        let key = h.map(|h| (h.digest128(), len));
-        if let (Some(seen), Some(key)) = (&self.seen, key) {
-            if let Some(cands) = seen.get(&key) {
-                for &c in cands {
-                    if self.same(self.entries[c].off, off, len)? {
-                        dup = Some(c);
-                        break;
-                    }
-                }
-            }
+        if let Some(mut seen) = self.seen.take() {
+            let found = self.dedupe(&mut seen, off, len, entry);
+            self.seen = Some(seen);
+            dup = found?;
         }
-        if let Some(c) = dup {
-            entry = c;
+        let id = if let Some(c) = dup {
             self.len = off;
             self.deduped += len;
+            c
         } else {
-            if let (Some(seen), Some(key)) = (&mut self.seen, key) {
-                seen.entry(key).or_default().push(entry);
-            }
             self.entries.push(Entry { off });
-        }
-        self.ids.push(entry);
+            entry
+        };
+        self.ids.push(id);
         Ok(self.ids.len() - 1)
+    }
+
+    /// The stored entry equal to spool range `[off, off+len)`, or None after recording
+    /// the range as entry `entry`.
+    fn dedupe(&self, seen: &mut Seen, off: u64, len: u64, entry: usize) -> Result<Option<usize>> {
+        let Some(waiting) = seen.unhashed.get_mut(&len) else {
+            seen.unhashed.insert(len, vec![entry]);
+            return Ok(None);
+        };
+        for e in std::mem::take(waiting) {
+            let h = self.hash_range(self.entries[e].off, len)?;
+            seen.hashed.entry((h, len)).or_default().push(e);
+        }
+        let key = (self.hash_range(off, len)?, len);
+        for &c in seen.hashed.get(&key).map_or(&[][..], Vec::as_slice) {
+            if self.same(self.entries[c].off, off, len)? {
+                return Ok(Some(c));
+            }
+        }
+        seen.hashed.entry(key).or_default().push(entry);
+        Ok(None)
     }
 
     /// Store a whole fragment.
@@ -133,6 +152,22 @@ impl FragStore {
         self.begin();
         self.push(bytes)?;
         self.end()
+    }
+
+    /// xxh3-128 of spool range `[off, off+len)`.
+    fn hash_range(&self, off: u64, len: u64) -> Result<u128> {
+        let f = self.spool.as_file();
+        let mut h = Xxh3::new();
+        let mut buf = vec![0u8; len.min(CMP_CHUNK) as usize];
+        let mut done = 0u64;
+        // Bounded: each pass advances `done` by at least one byte (len > done).
+        while done < len {
+            let n = (len - done).min(CMP_CHUNK) as usize;
+            read_exact(f, self.path(), &mut buf[..n], off + done)?;
+            h.update(&buf[..n]);
+            done += n as u64;
+        }
+        Ok(h.digest128())
     }
 
     /// Whether spool ranges `[a, a+len)` and `[b, b+len)` hold the same bytes.
@@ -199,6 +234,29 @@ mod tests {
         assert_eq!(p.size, 16);
         let bytes = std::fs::read(p.file.path()).map_err(io_err(p.file.path(), "read"))?;
         assert_eq!(bytes, b"helloint x;hellO");
+        Ok(())
+    }
+
+    #[test]
+    fn fragments_of_one_length_are_hashed_when_they_meet() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(io_err(Path::new("."), "tempdir"))?;
+        let spool =
+            tempfile::NamedTempFile::new_in(dir.path()).map_err(io_err(dir.path(), "spool"))?;
+        let mut s = FragStore::new(spool, true)?;
+        // "abc" waits unhashed until "xyz" has its length; the third meets the first.
+        let ids = [
+            s.add(b"abc")?,
+            s.add(b"xyz")?,
+            s.add(b"abc")?,
+            s.add(b"xyz")?,
+        ];
+        let ids2 = [s.add(b"q")?, s.add(b"abcd")?, s.add(b"q")?];
+        assert_eq!(ids, [0, 1, 2, 3]);
+        assert_eq!(ids2, [4, 5, 6]);
+        assert_eq!(s.deduped, 7);
+        let p = s.finish();
+        assert_eq!(p.offsets, vec![0, 3, 0, 3, 6, 7, 6]);
+        assert_eq!(p.size, 11);
         Ok(())
     }
 

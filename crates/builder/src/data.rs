@@ -85,6 +85,7 @@ impl DataWriter<'_> {
         let bs = self.blksz();
         if let Some(segs) = f.segments() {
             if let Some(d) = self.store_chunked(&f, size, &segs)? {
+                f.unchanged()?;
                 return Ok(d);
             }
         }
@@ -96,6 +97,7 @@ impl DataWriter<'_> {
             f.read_exact_at(&mut tail, body)
                 .map_err(io_err(path, "data: read"))?;
         }
+        f.unchanged()?;
         Ok(FileData::Flat {
             startblk,
             nblocks: body.div_ceil(bs),

@@ -34,6 +34,7 @@
 #![forbid(unsafe_code)]
 
 mod blobs;
+pub mod cleanup;
 pub mod data;
 mod dedupe;
 pub mod dir;

@@ -33,6 +33,7 @@ impl Out {
             .truncate(true)
             .open(&tmp)
             .map_err(io_err(&tmp, "create output"))?;
+        crate::cleanup::track(&tmp);
         Ok(Out {
             file,
             tmp,
@@ -67,9 +68,7 @@ impl Out {
     /// A scratch file beside the output (same filesystem), removed when dropped.
     pub fn spool(&self, what: &str) -> Result<tempfile::NamedTempFile> {
         let dir = dir_of(&self.tmp).to_path_buf();
-        tempfile::Builder::new()
-            .prefix(&format!(".ferofs-{what}-"))
-            .tempfile_in(&dir)
+        crate::cleanup::scratch(&dir, &format!(".ferofs-{what}-"))
             .map_err(io_err(&dir, "create scratch file"))
     }
 
@@ -95,6 +94,7 @@ impl Out {
             let _ = std::fs::remove_file(&self.target);
         }
         std::fs::rename(&self.tmp, &self.target).map_err(io_err(&self.target, "rename output"))?;
+        crate::cleanup::untrack(&self.tmp);
         self.done = true;
         Ok(())
     }
@@ -104,6 +104,7 @@ impl Drop for Out {
     fn drop(&mut self) {
         if !self.done {
             let _ = std::fs::remove_file(&self.tmp);
+            crate::cleanup::untrack(&self.tmp);
         }
     }
 }

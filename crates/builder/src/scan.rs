@@ -192,7 +192,10 @@ impl Scanner<'_> {
                 parent: 0,
             },
             S_IFREG => Kind::File {
-                src: Source::Path(path.to_path_buf()),
+                src: Source::Scanned {
+                    path: path.to_path_buf(),
+                    stamp: crate::source::stamp(md),
+                },
                 size: md.size(),
             },
             S_IFLNK => {

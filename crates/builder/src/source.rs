@@ -26,9 +26,12 @@ pub struct Segment {
 /// A regular file's contents.
 #[derive(Debug, Clone)]
 pub enum Source {
-    /// A file of its own, from offset 0 (directory input, the builder's own spools);
-    /// holes are found with SEEK_DATA/SEEK_HOLE.
+    /// A file of its own, from offset 0 (the builder's own spools); holes are found
+    /// with SEEK_DATA/SEEK_HOLE.
     Path(PathBuf),
+    /// A file of a scanned directory: as `Path`, with its mtime and ctime as scanned;
+    /// [`Reader::unchanged`] checks them (and the size) after each read.
+    Scanned { path: PathBuf, stamp: Stamp },
     /// All `size` bytes, contiguous from byte `at` of a shared backing file.
     Range { file: Arc<Path>, at: u64 },
     /// Data segments of a shared backing file (sorted, not overlapping, inside the
@@ -49,7 +52,7 @@ impl Source {
     /// The file read for these bytes (for error messages).
     pub fn path(&self) -> &Path {
         match self {
-            Source::Path(p) => p,
+            Source::Path(p) | Source::Scanned { path: p, .. } => p,
             Source::Range { file, .. } | Source::Sparse { file, .. } => file,
             Source::External { .. } => Path::new("(extra device)"),
             Source::Erofs(e) => &e.image.path,
@@ -68,6 +71,15 @@ impl Source {
     }
 }
 
+/// mtime and ctime (seconds, nanoseconds) of a scanned file.
+pub type Stamp = [i64; 4];
+
+/// The stamp of `md`.
+pub fn stamp(md: &std::fs::Metadata) -> Stamp {
+    use std::os::unix::fs::MetadataExt;
+    [md.mtime(), md.mtime_nsec(), md.ctime(), md.ctime_nsec()]
+}
+
 /// An open [`Source`].
 pub struct Reader<'a> {
     src: &'a Source,
@@ -80,11 +92,40 @@ impl Reader<'_> {
         self.src.path()
     }
 
+    /// After reading a scanned file: an error if it is not as the scan saw it (size,
+    /// mtime, ctime), so a file written to during the build is reported, not stored
+    /// half old, half new, nor with a size its metadata does not have. One fstat per
+    /// read. Other sources are the builder's own: always Ok.
+    pub fn unchanged(&self) -> Result<()> {
+        let Source::Scanned { stamp: then, .. } = self.src else {
+            return Ok(());
+        };
+        let m = self
+            .f
+            .metadata()
+            .map_err(io_err(self.path(), "data: stat"))?;
+        let what = if m.len() != self.size {
+            format!(
+                "changed while the build read it (size {} when scanned, now {} bytes)",
+                self.size,
+                m.len()
+            )
+        } else if stamp(&m) != *then {
+            "changed while the build read it (modified since it was scanned)".into()
+        } else {
+            return Ok(());
+        };
+        Err(BuildError::Invalid {
+            path: self.path().to_path_buf(),
+            what,
+        })
+    }
+
     /// Fill `buf` with the file's bytes from logical offset `off` (zeros in holes).
     /// A read past what the backing file holds is `UnexpectedEof`.
     pub fn read_exact_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
         match self.src {
-            Source::Path(_) => self.f.read_exact_at(buf, off),
+            Source::Path(_) | Source::Scanned { .. } => self.f.read_exact_at(buf, off),
             Source::Range { at, .. } => {
                 let end = off.checked_add(buf.len() as u64);
                 if end.is_none_or(|e| e > self.size) {
@@ -126,7 +167,7 @@ impl Reader<'_> {
             what: "file shrank while it was being read".into(),
         };
         match self.src {
-            Source::Path(_) => {
+            Source::Path(_) | Source::Scanned { .. } => {
                 let mut f = &self.f;
                 if start > 0 {
                     f.seek(SeekFrom::Start(start))
@@ -156,7 +197,9 @@ impl Reader<'_> {
     /// Data segments `[start, end)` when the file has a hole, else None.
     pub fn segments(&self) -> Option<Vec<(u64, u64)>> {
         match self.src {
-            Source::Path(_) => crate::data::data_segments(&self.f, self.size),
+            Source::Path(_) | Source::Scanned { .. } => {
+                crate::data::data_segments(&self.f, self.size)
+            }
             Source::Range { .. } | Source::External { .. } => None,
             Source::Erofs(e) => e.segments(),
             Source::Sparse { segs, .. } => {

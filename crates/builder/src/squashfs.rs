@@ -741,9 +741,7 @@ pub fn scan_squashfs(image: &Path, spool_dir: &Path, opts: &BuildOptions) -> Res
         (Vec::new(), 0)
     };
 
-    let t = tempfile::Builder::new()
-        .prefix(".ferofs-spool-")
-        .tempfile_in(spool_dir)
+    let t = crate::cleanup::scratch(spool_dir, ".ferofs-spool-")
         .map_err(io_err(spool_dir, "squashfs: create spool"))?;
     let w = t
         .reopen()

@@ -250,9 +250,7 @@ fn read_layer(
         _ if index => (Sink::Index, None),
         Some(p) => (Sink::InPlace(Arc::from(p.as_path())), None),
         None => {
-            let t = tempfile::Builder::new()
-                .prefix(".ferofs-spool-")
-                .tempfile_in(spool_dir)
+            let t = crate::cleanup::scratch(spool_dir, ".ferofs-spool-")
                 .map_err(io_err(spool_dir, "tar: create spool"))?;
             let f = t.reopen().map_err(io_err(t.path(), "tar: open spool"))?;
             (

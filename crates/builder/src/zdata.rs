@@ -164,6 +164,8 @@ struct Piece {
 struct Job {
     file: usize,
     src: Source,
+    /// The whole file's size.
+    size: u64,
     start: u64,
     end: u64,
     alg: usize,
@@ -228,9 +230,9 @@ fn compress_segment(
     let len = (job.end - job.start) as usize;
     // Read into fresh capacity (no zeroing first: small files are most jobs).
     let mut data = Vec::with_capacity(len);
-    job.src
-        .open(job.end)?
-        .read_into(job.start, len, &mut data)?;
+    let r = job.src.open(job.size)?;
+    r.read_into(job.start, len, &mut data)?;
+    r.unchanged()?;
     if job.frag == FragMode::Whole {
         return Ok(SegOut {
             pieces: vec![Piece {
@@ -473,6 +475,7 @@ impl Recompress<'_> {
         let sub = Job {
             file: job.file,
             src: job.src.clone(),
+            size: job.size,
             start,
             end: start + data.len() as u64,
             alg: job.alg,
@@ -933,6 +936,7 @@ pub fn store_all(
             jobs.push(Job {
                 file: fi,
                 src: f.src.clone(),
+                size: f.size,
                 start: s,
                 end: e,
                 alg,

@@ -254,8 +254,33 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
     Ok(o)
 }
 
+/// On SIGINT, SIGTERM or SIGHUP: remove the temporary image and scratch files, then exit
+/// 128 + the signal's number (130 for SIGINT, 143 for SIGTERM), as a shell would report.
+fn stop_on_signals() -> Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
+        .context("build: install signal handlers")?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                let n = ferofs_builder::cleanup::remove_all();
+                let name = match sig {
+                    SIGINT => "SIGINT",
+                    SIGTERM => "SIGTERM",
+                    _ => "SIGHUP",
+                };
+                eprintln!("\nferofs: build stopped by {name}; removed {n} temporary file(s)");
+                std::process::exit(128 + sig);
+            }
+        })
+        .context("build: start the signal thread")?;
+    Ok(())
+}
+
 pub fn run(a: BuildArgs) -> Result<()> {
     let mut opts = options(&a)?;
+    stop_on_signals()?;
     let t0 = Instant::now();
     // The bar only on a terminal: a log or a pipe gets no carriage returns.
     let view = (!a.quiet && std::io::stderr().is_terminal()).then(|| {

@@ -210,7 +210,7 @@ fn a_file_replaced_by_a_directory_mid_build() {
     let mut n = 0u64;
     let m = Meddler::start(move || {
         n += 1;
-        if n % 2 == 0 {
+        if n.is_multiple_of(2) {
             let _ = std::fs::remove_dir(&p);
             let _ = std::fs::write(&p, b"a file again\n");
         } else {
@@ -361,7 +361,7 @@ fn unreadable_files_and_directories_are_named() {
         let err = String::from_utf8_lossy(&res.stderr);
         assert!(!res.status.success(), "{name}: built");
         assert!(
-            err.contains(&format!("{name}")) && err.contains("ermission denied"),
+            err.contains(name) && err.contains("ermission denied"),
             "{name}: {err}"
         );
         assert_eq!(leftovers(&out), Vec::<String>::new(), "{name}: files left");

@@ -148,7 +148,7 @@ pub fn parse_hex(what: &str, s: &str) -> Result<Vec<u8>> {
     if s == "-" {
         return Ok(Vec::new());
     }
-    if s.len() % 2 != 0 || !s.bytes().all(|c| c.is_ascii_hexdigit()) {
+    if !s.len().is_multiple_of(2) || !s.bytes().all(|c| c.is_ascii_hexdigit()) {
         bail!("{what}: {s:?} is not an even number of hex digits");
     }
     (0..s.len())

@@ -329,4 +329,31 @@ mod tests {
         assert!(s.human().contains("image bytes  0 bytes\n"));
         assert!(s.human().ends_with("peak memory  unknown\n"));
     }
+
+    #[test]
+    fn verity_lines_and_command() {
+        let v = VerityInfo {
+            root_hash: [0xab; 32],
+            salt: vec![1, 2],
+            uuid: [0; 16],
+            data_blocks: 10,
+            hash_offset: 40960,
+            hash_blocks: 1,
+            file_bytes: 49152,
+        };
+        let s = verity_lines(Path::new("out/my app.erofs"), &v);
+        let root = "ab".repeat(32);
+        assert!(
+            s.starts_with(&format!("root hash    {root}\nsalt         0102\n")),
+            "{s}"
+        );
+        assert!(s.ends_with(&format!(
+            "open with    veritysetup open 'out/my app.erofs' my_app 'out/my app.erofs' {root} --hash-offset=40960\n"
+        )), "{s}");
+        assert_eq!(shell_word("it's"), r"'it'\''s'");
+        assert_eq!(dm_name(Path::new(".hidden")), "erofs.hidden");
+        let j = verity_json(Path::new("x.img"), &v);
+        assert_eq!(j["hash_offset"], 40960);
+        assert_eq!(j["salt"], "0102");
+    }
 }

@@ -227,7 +227,7 @@ fn verity_build_prints_root_hash_and_veritysetup_line() {
         .next()
         .and_then(|s| s.parse().ok())
         .expect("hash offset");
-    assert!(off < len && off % 4096 == 0, "{open}");
+    assert!(off < len && off.is_multiple_of(4096), "{open}");
     let v = veritysetup_verify(&img, &root, off);
     assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stderr));
     // What --verity cannot do.

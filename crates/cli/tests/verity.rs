@@ -230,6 +230,17 @@ fn verity_build_prints_root_hash_and_veritysetup_line() {
     assert!(off < len && off.is_multiple_of(4096), "{open}");
     let v = veritysetup_verify(&img, &root, off);
     assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stderr));
+    // inspect shows the tree's superblock.
+    let i = json(&ok(&[&"inspect", &"--json", &img]));
+    assert_eq!(i["verity"]["hash_offset"], off, "{i}");
+    assert_eq!(
+        i["verity"]["salt"].as_str(),
+        Some(get("salt ").as_str()),
+        "{i}"
+    );
+    let plain = tmp.path().join("plain.erofs");
+    build(&src, &plain, &[]);
+    assert!(json(&ok(&[&"inspect", &"--json", &plain]))["verity"].is_null());
     // What --verity cannot do.
     for bad in [
         vec!["-b", "1024"],

@@ -19,7 +19,8 @@
 //! 4 metadata layout: records packed into blocks: nids    nids   MetaLayout
 //! 5 directory and symlink blocks, encoded with the nids  blobs  Blobs (every Layout)
 //! 6 write: records (record), shared xattrs, blobs, then  write  Written
-//!   superblock and checksum (sb) last; rename into place
+//!   superblock and checksum (sb) last; with --verity the
+//!   hash tree behind it (verity); rename into place
 //! 4-6 with `-m`: records into the metabox inode's data,  metabox Written
 //!   which is then stored like a file
 //! ```
@@ -56,11 +57,12 @@ mod shift;
 pub mod source;
 pub mod squashfs;
 pub mod tarball;
+pub mod verity;
 mod write;
 pub mod xattrs;
 pub mod zdata;
 
-pub use options::{BuildError, BuildOptions, BuildReport, Fragments, UuidChoice};
+pub use options::{BuildError, BuildOptions, BuildReport, Fragments, UuidChoice, VerityOptions};
 pub use progress::Progress;
 pub use tarball::TarInput;
 pub use zdata::{parse_hints, Compression, Hint};
@@ -198,6 +200,7 @@ fn report(
         fragment_bytes: placed.fragment_bytes,
         fragments_saved,
         warnings: placed.warnings.clone(),
+        verity: image.verity.clone(),
         ..Default::default()
     };
     for nd in nodes {

@@ -66,6 +66,15 @@ pub struct BuildOptions {
     /// Tar input, index mode (`--tar-index`, mkfs.erofs's `--tar=i`): no file data in
     /// the image, regular files point into the tar, the image's extra device.
     pub tar_index: bool,
+    /// `--verity`: a dm-verity hash tree appended behind the image (see `verity`).
+    pub verity: Option<VerityOptions>,
+}
+
+/// `--verity`: sha256, 4096-byte data and hash blocks, the superblock written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VerityOptions {
+    /// None: 32 bytes derived from the filesystem UUID (reproducible).
+    pub salt: Option<Vec<u8>>,
 }
 
 /// Which file data goes into the packed inode (`-E fragments`, `-E all-fragments`).
@@ -109,6 +118,7 @@ impl Default for BuildOptions {
             aufs: false,
             ovlfs_strip: false,
             tar_index: false,
+            verity: None,
         }
     }
 }
@@ -157,6 +167,28 @@ impl BuildOptions {
                 return Err(BuildError::Options(format!(
                     "fragments pcluster size {p}: a multiple of the block size ({}), at most 1 MiB",
                     o.block_size
+                )));
+            }
+        }
+        if let Some(v) = &o.verity {
+            if o.block_size != 4096 {
+                return Err(BuildError::Options(format!(
+                    "--verity needs 4096-byte blocks (the verity device's block size; got {})",
+                    o.block_size
+                )));
+            }
+            if o.tar_index {
+                return Err(BuildError::Options(
+                    "--verity with --tar-index would cover the metadata only (the file data stays in the tar)".into(),
+                ));
+            }
+            if v.salt
+                .as_ref()
+                .is_some_and(|s| s.len() > ferofs_format::verity::MAX_SALT)
+            {
+                return Err(BuildError::Options(format!(
+                    "verity salt longer than {} bytes",
+                    ferofs_format::verity::MAX_SALT
                 )));
             }
         }
@@ -261,4 +293,6 @@ pub struct BuildReport {
     /// (its data blocks and inline tail).
     pub metabox_bytes: u64,
     pub metabox_stored: u64,
+    /// `--verity`: the hash tree appended behind the image.
+    pub verity: Option<crate::verity::VerityInfo>,
 }

@@ -72,6 +72,16 @@ impl Out {
             .map_err(io_err(&dir, "create scratch file"))
     }
 
+    /// The temporary file itself (the verity tree is hashed from it and written to it).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// The temporary file's path, for error messages.
+    pub fn tmp_path(&self) -> &Path {
+        &self.tmp
+    }
+
     pub fn set_len(&mut self, len: u64) -> Result<()> {
         self.file
             .set_len(len)

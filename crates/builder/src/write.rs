@@ -18,6 +18,7 @@ pub struct Written {
     pub blocks: u64,
     pub bytes: u64,
     pub uuid: [u8; 16],
+    pub verity: Option<crate::verity::VerityInfo>,
 }
 
 /// Write everything but the data region to `out` and finish it.
@@ -121,10 +122,31 @@ pub fn finish(
     );
     out.write_at(0, &block0)?;
     out.set_len(total_blocks * plan.bs)?;
+    // The tree covers the finished image: after the superblock, before the rename.
+    let verity = match &o.verity {
+        Some(v) => {
+            let salt = v
+                .salt
+                .clone()
+                .unwrap_or_else(|| crate::verity::derived_salt(&sb.uuid));
+            let uuid = crate::verity::derived_uuid(&sb.uuid);
+            let info = crate::verity::append(
+                out.file(),
+                total_blocks * plan.bs,
+                &salt,
+                uuid,
+                o.worker_threads(),
+            )
+            .map_err(io_err(out.tmp_path(), "verity hash tree"))?;
+            Some(info)
+        }
+        None => None,
+    };
     out.finish(o.fsync)?;
     Ok(Written {
         blocks: total_blocks,
         bytes: total_blocks * plan.bs,
         uuid: sb.uuid,
+        verity,
     })
 }

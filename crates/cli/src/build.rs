@@ -5,6 +5,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use ferofs_builder::{
     parse_hints, BuildOptions, Compression, Fragments, Progress, TarInput, UuidChoice,
+    VerityOptions,
 };
 use ferofs_compress::CompressorSpec;
 use std::io::IsTerminal;
@@ -129,6 +130,34 @@ pub struct BuildArgs {
     /// listed files are never put in fragments. `none` (mkfs.erofs's spelling): no list.
     #[arg(long, value_name = "FILE")]
     sort: Option<PathBuf>,
+    /// Integrity: append a dm-verity hash tree (sha256, 4096-byte data and hash blocks,
+    /// with veritysetup's superblock) behind the image, and print its root hash and the
+    /// `veritysetup open` command line on stdout (even with -q; in the object with
+    /// --json). The image itself is unchanged and mounts as before. 4096-byte blocks.
+    #[arg(long)]
+    verity: bool,
+    /// The verity salt in hex, at most 256 bytes (`-`: none). Default: 32 bytes
+    /// derived from the image's UUID, so the same tree gives the same bytes.
+    #[arg(long, value_name = "HEX", requires = "verity")]
+    verity_salt: Option<String>,
+}
+
+/// Hex digits to bytes (`-` or nothing: no bytes).
+pub fn parse_hex(what: &str, s: &str) -> Result<Vec<u8>> {
+    let s = s.trim();
+    if s == "-" {
+        return Ok(Vec::new());
+    }
+    if !s.len().is_multiple_of(2) || !s.bytes().all(|c| c.is_ascii_hexdigit()) {
+        bail!("{what}: {s:?} is not an even number of hex digits");
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| {
+            u8::from_str_radix(s.get(i..i + 2).unwrap_or(""), 16)
+                .with_context(|| format!("{what}: {s:?}"))
+        })
+        .collect()
 }
 
 /// Read a `--sort` list: one path a line, relative to the source (a leading `/` or
@@ -220,6 +249,23 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
     }
     o.threads = a.threads;
     o.fsync = a.fsync;
+    if a.verity {
+        o.verity = Some(VerityOptions {
+            salt: match &a.verity_salt {
+                Some(s) => {
+                    let salt = parse_hex("--verity-salt", s)?;
+                    if salt.len() > 256 {
+                        bail!("--verity-salt: at most 256 bytes (got {})", salt.len());
+                    }
+                    Some(salt)
+                }
+                None => None,
+            },
+        });
+        if block_size != 4096 {
+            bail!("--verity needs 4096-byte blocks (got -b {block_size})");
+        }
+    }
     if let Some(p) = a.metabox {
         o.metabox = true;
         o.metabox_pcluster_size = p;
@@ -339,7 +385,11 @@ pub fn run(a: BuildArgs) -> Result<()> {
     }
     if a.json {
         println!("{}", summary.json());
-    } else if !a.quiet {
+    } else if let Some(v) = &report.verity {
+        // The root hash is part of what the build made: stdout, even with -q.
+        print!("{}", crate::report::verity_lines(&image, v));
+    }
+    if !a.json && !a.quiet {
         eprint!("{}", summary.human());
         if opts.metabox {
             eprintln!(

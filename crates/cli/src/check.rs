@@ -34,6 +34,15 @@ pub struct CheckArgs {
     /// Print one JSON document: the problems and a summary.
     #[arg(long)]
     pub json: bool,
+    /// Integrity: also check every data block against the dm-verity hash tree that
+    /// `build --verity` appended, and the tree against ROOTHASH (hex). A mismatch
+    /// names the data block and the files whose data it holds.
+    #[arg(long, value_name = "ROOTHASH")]
+    pub verity: Option<String>,
+    /// Byte offset of the verity superblock (veritysetup's --hash-offset). Default:
+    /// the end of the image as its superblock gives it, rounded up to 4096.
+    #[arg(long, value_name = "BYTES", requires = "verity")]
+    pub verity_hash_offset: Option<u64>,
 }
 
 /// One problem found.
@@ -200,6 +209,9 @@ type InodeResult = (Vec<Problem>, Vec<(u64, u64, u64)>, u64);
 pub struct Report {
     pub problems: Vec<Problem>,
     pub summary: Summary,
+    /// For each watched byte range given to [`check_image`]: the paths of the inodes
+    /// whose data lies in it.
+    pub watched: Vec<Vec<String>>,
 }
 
 fn join(dir: &str, name: &[u8]) -> String {
@@ -239,8 +251,9 @@ pub fn open_for_check(path: &std::path::Path) -> Result<(Image, Vec<Problem>), E
     }
 }
 
-/// Check a whole image. `verbose` prints each path to stderr as it is walked.
-pub fn check_image(img: &Image, image_len: u64, verbose: bool) -> Report {
+/// Check a whole image. `verbose` prints each path to stderr as it is walked. `watch`:
+/// byte ranges (sorted, not overlapping) whose owners the report names.
+pub fn check_image(img: &Image, image_len: u64, verbose: bool, watch: &[(u64, u64)]) -> Report {
     let mut problems: Vec<Problem> = Vec::new();
     let mut summary = Summary::default();
     let bs = u64::from(img.block_size());
@@ -259,7 +272,11 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool) -> Report {
                 &e,
                 "root inode unreadable; the whole tree is unreachable",
             ));
-            return Report { problems, summary };
+            return Report {
+                problems,
+                summary,
+                watched: vec![Vec::new(); watch.len()],
+            };
         }
     };
     if !root.is_dir() {
@@ -268,7 +285,11 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool) -> Report {
                 .nid(root_nid)
                 .value(u64::from(root.mode)),
         );
-        return Report { problems, summary };
+        return Report {
+            problems,
+            summary,
+            watched: vec![Vec::new(); watch.len()],
+        };
     }
     dirs_seen.insert(root_nid);
     summary.entries = 1;
@@ -558,6 +579,7 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool) -> Report {
         summary.bytes_read += n;
     }
 
+    let watched = owners(&ranges, &items, watch);
     // ---- Phase 3: no two inodes claim the same bytes (unless identical ranges).
     summary.ranges = ranges.len() as u64;
     if img.superblock().extra_devices == 0 {
@@ -567,7 +589,40 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool) -> Report {
         problems.truncate(MAX_PROBLEMS);
         summary.truncated = true;
     }
-    Report { problems, summary }
+    Report {
+        problems,
+        summary,
+        watched,
+    }
+}
+
+/// The paths of the inodes whose data ranges meet each of `watch` (sorted, not
+/// overlapping byte ranges).
+fn owners(ranges: &[(u64, u64, u64)], items: &[Found], watch: &[(u64, u64)]) -> Vec<Vec<String>> {
+    let mut out = vec![Vec::new(); watch.len()];
+    if watch.is_empty() {
+        return out;
+    }
+    for &(s, e, nid) in ranges {
+        let first = watch.partition_point(|&(_, we)| we <= s);
+        for (i, &(ws, _)) in watch.iter().enumerate().skip(first) {
+            if ws >= e {
+                break;
+            }
+            if let Some(f) = items
+                .binary_search_by_key(&nid, |f| f.ino.nid)
+                .ok()
+                .and_then(|i| items.get(i))
+            {
+                out[i].extend(f.paths.iter().cloned());
+            }
+        }
+    }
+    for o in &mut out {
+        o.sort();
+        o.dedup();
+    }
+    out
 }
 
 /// xattrs, mapping, every byte, past-the-end. Returns problems, byte ranges
@@ -709,15 +764,167 @@ fn overlaps(mut ranges: Vec<(u64, u64, u64)>, items: &[Found]) -> Vec<Problem> {
     out
 }
 
+/// `--verity`: what the tree check found.
+struct VerityCheck {
+    root: Vec<u8>,
+    hash_offset: u64,
+    report: ferofs_builder::verity::VerifyReport,
+}
+
+/// Where `build --verity` put the verity superblock: the end of the EROFS image (its
+/// superblock's block count), rounded up to 4096. Read raw, so a damaged image still
+/// gets its tree checked.
+fn verity_offset(path: &std::path::Path) -> Result<u64> {
+    use ferofs_format::sb::{Superblock, MAGIC, SB_MAX_SIZE, SB_OFFSET};
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(path)?;
+    let mut b = [0u8; SB_MAX_SIZE];
+    f.read_exact_at(&mut b, SB_OFFSET)
+        .map_err(|e| anyhow::anyhow!("reading the superblock: {e}"))?;
+    let sb = Superblock::parse(&b);
+    if sb.magic != MAGIC || !(9..=12).contains(&sb.blkszbits) {
+        anyhow::bail!("no EROFS superblock to find the verity tree by: give --verity-hash-offset");
+    }
+    let (_, blocks) = sb.root_nid_and_blocks();
+    let end = blocks << sb.blkszbits;
+    Ok(end.div_ceil(4096) * 4096)
+}
+
+fn verity_check(a: &CheckArgs, root: &str) -> Result<VerityCheck> {
+    let root = crate::build::parse_hex("--verity", root)?;
+    if root.len() != ferofs_builder::verity::DIGEST {
+        anyhow::bail!(
+            "--verity: a root hash is {} hex digits (sha256), got {}",
+            2 * ferofs_builder::verity::DIGEST,
+            2 * root.len()
+        );
+    }
+    let hash_offset = match a.verity_hash_offset {
+        Some(o) => o,
+        None => verity_offset(&a.image)?,
+    };
+    let f = std::fs::File::open(&a.image)?;
+    let report = ferofs_builder::verity::verify(&f, hash_offset, &root, MAX_PROBLEMS)
+        .map_err(|e| anyhow::anyhow!("--verity: {e}"))?;
+    Ok(VerityCheck {
+        root,
+        hash_offset,
+        report,
+    })
+}
+
+/// The tree check's mismatches as problems; data blocks name the paths in `owners`
+/// (one list a bad data block, in order).
+fn verity_problems(v: &VerityCheck, owners: &[Vec<String>]) -> Vec<Problem> {
+    use ferofs_builder::verity::{Mismatch, BLOCK};
+    let tree = || vec!["(verity tree)".to_string()];
+    let tree_at = v.hash_offset + BLOCK;
+    let mut data = 0;
+    v.report
+        .mismatches
+        .iter()
+        .map(|m| match *m {
+            Mismatch::DataBlock { block } => {
+                let paths = owners.get(data).cloned().unwrap_or_default();
+                data += 1;
+                let start = block * BLOCK;
+                let whose = if paths.is_empty() {
+                    " (no file's data: metadata, or free space)"
+                } else {
+                    ""
+                };
+                Problem {
+                    paths,
+                    kind: "VerityDataBlock".into(),
+                    what: format!(
+                        "data block {block} (bytes {start}..{}) does not match its hash in the verity tree{whose}",
+                        start + BLOCK
+                    ),
+                    nid: None,
+                    offset: Some(start),
+                    value: Some(block),
+                    expected: None,
+                }
+            }
+            Mismatch::HashBlock { level, index } => Problem {
+                paths: tree(),
+                kind: "VerityHashBlock".into(),
+                what: format!(
+                    "hash block {index} of level {level} does not match its hash one level up"
+                ),
+                nid: None,
+                offset: None,
+                value: Some(index),
+                expected: None,
+            },
+            Mismatch::Root => Problem {
+                paths: tree(),
+                kind: "VerityRootHash".into(),
+                what: format!(
+                    "the tree's top does not give the root hash {} (a wrong root hash, or the tree was changed)",
+                    crate::fmt::hex(&v.root)
+                ),
+                nid: None,
+                offset: Some(tree_at),
+                value: None,
+                expected: None,
+            },
+            Mismatch::Padding { level, index } => Problem {
+                paths: tree(),
+                kind: "VerityPadding".into(),
+                what: format!("hash block {index} of level {level} has bytes after its hashes"),
+                nid: None,
+                offset: None,
+                value: Some(index),
+                expected: None,
+            },
+        })
+        .collect()
+}
+
 /// `ferofs check`: Ok(true) when clean, Ok(false) when problems were found, Err when
 /// the image cannot be opened at all.
 pub fn run(a: CheckArgs) -> Result<bool> {
-    let (img, mut problems) = open_for_check(&a.image)
-        .map_err(|e| anyhow::anyhow!("cannot open image {}: {e}", a.image.display()))?;
+    // The tree first: it needs no more than the superblock's block count.
+    let verity = match &a.verity {
+        Some(root) => Some(verity_check(&a, root)?),
+        None => None,
+    };
+    let bad_blocks: Vec<(u64, u64)> = verity.as_ref().map_or_else(Vec::new, |v| {
+        v.report
+            .mismatches
+            .iter()
+            .filter_map(|m| match m {
+                ferofs_builder::verity::Mismatch::DataBlock { block } => Some((
+                    block * ferofs_builder::verity::BLOCK,
+                    (block + 1) * ferofs_builder::verity::BLOCK,
+                )),
+                _ => None,
+            })
+            .collect()
+    });
+    let (img, mut problems) = match open_for_check(&a.image) {
+        Ok(x) => x,
+        Err(e) => {
+            if let Some(v) = &verity {
+                // What the tree says is worth seeing even when the image is unreadable.
+                for p in verity_problems(v, &[]) {
+                    println!("{}", p.line());
+                }
+            }
+            anyhow::bail!("cannot open image {}: {e}", a.image.display());
+        }
+    };
     let image_len = std::fs::metadata(&a.image)?.len();
-    let rep = check_image(&img, image_len, a.verbose);
+    let rep = check_image(&img, image_len, a.verbose, &bad_blocks);
+    if let Some(v) = &verity {
+        problems.extend(verity_problems(v, &rep.watched));
+    }
     problems.extend(rep.problems);
-    let s = rep.summary;
+    let mut s = rep.summary;
+    if verity.as_ref().is_some_and(|v| v.report.more > 0) {
+        s.truncated = true;
+    }
     let mut out = std::io::stdout().lock();
     if a.json {
         let v = json!({
@@ -732,6 +939,14 @@ pub fn run(a: CheckArgs) -> Result<bool> {
                 "inodes": s.inodes,
                 "bytes_read": s.bytes_read,
                 "data_ranges": s.ranges,
+                "verity": verity.as_ref().map(|v| json!({
+                    "root_hash": crate::fmt::hex(&v.root),
+                    "hash_offset": v.hash_offset,
+                    "data_blocks": v.report.data_blocks,
+                    "hash_blocks": v.report.hash_blocks,
+                    "levels": v.report.levels,
+                    "mismatches": v.report.mismatches.len() as u64 + v.report.more,
+                })),
             },
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
@@ -739,9 +954,23 @@ pub fn run(a: CheckArgs) -> Result<bool> {
         for p in &problems {
             writeln!(out, "{}", p.line())?;
         }
+        let tree = verity.as_ref().map_or(String::new(), |v| {
+            let bad = v.report.mismatches.len() as u64 + v.report.more;
+            format!(
+                "; verity: {} data blocks and {} hash blocks against root hash {}, {}",
+                v.report.data_blocks,
+                v.report.hash_blocks,
+                crate::fmt::hex(&v.root),
+                if bad == 0 {
+                    "all match".to_string()
+                } else {
+                    format!("{bad} mismatch{}", if bad == 1 { "" } else { "es" })
+                }
+            )
+        });
         writeln!(
             out,
-            "{}: {} problem{}{}; {} directories, {} entries, {} inodes, {} bytes of data read",
+            "{}: {} problem{}{}; {} directories, {} entries, {} inodes, {} bytes of data read{tree}",
             if problems.is_empty() {
                 "clean"
             } else {

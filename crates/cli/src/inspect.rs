@@ -97,6 +97,12 @@ pub fn inspect(image: &Path, json_out: bool) -> Result<()> {
         vec![]
     };
     let image_bytes = std::fs::metadata(image)?.len();
+    // A verity superblock right behind the image (`build --verity`).
+    let verity_at = (blocks * blksz).div_ceil(4096) * 4096;
+    let verity = (image_bytes > verity_at)
+        .then(|| std::fs::File::open(image).ok())
+        .flatten()
+        .and_then(|f| ferofs_builder::verity::read_sb(&f, verity_at).ok());
     let build_time = sb.build_time_secs();
     let v = json!({
         "magic": format!("{:#010x}", sb.magic),
@@ -121,6 +127,13 @@ pub fn inspect(image: &Path, json_out: bool) -> Result<()> {
         "metabox_nid": sb.has_incompat(INCOMPAT_METABOX).then_some(sb.metabox_nid),
         "extra_devices": sb.extra_devices,
         "xattr_prefix_count": sb.xattr_prefix_count,
+        "verity": verity.as_ref().map(|v| json!({
+            "hash_offset": verity_at,
+            "hash_algorithm": v.algorithm,
+            "data_blocks": v.data_blocks,
+            "salt": hex(&v.salt),
+            "uuid": uuid_string(&v.uuid),
+        })),
         "counts": {
             "regular_files": c.files, "directories": c.dirs, "symlinks": c.symlinks,
             "special_files": c.special, "file_bytes": c.bytes,
@@ -168,5 +181,14 @@ pub fn inspect(image: &Path, json_out: bool) -> Result<()> {
         "Contents:          {} files ({} bytes, {} compressed), {} directories, {} symlinks, {} special, {} xattrs, {} extended inodes",
         c.files, c.bytes, c.compressed_files, c.dirs, c.symlinks, c.special, c.xattrs, c.extended_inodes
     )?;
+    if let Some(v) = &verity {
+        writeln!(
+            out,
+            "Verity:            {}, {} data blocks, salt {}, superblock at byte {verity_at} (--hash-offset)",
+            v.algorithm,
+            v.data_blocks,
+            if v.salt.is_empty() { "-".into() } else { hex(&v.salt) }
+        )?;
+    }
     Ok(())
 }

@@ -36,7 +36,8 @@ enum Cmd {
     /// Build an EROFS image from a directory, tar streams (`--tar`), a SquashFS image
     /// (`convert` is an alias) or an EROFS image (re-encoded). Run as `mkfs.erofs`,
     /// `fsck.erofs` or `dump.erofs` (or `ferofs mkfs|fsck|dump`), the binary takes those
-    /// tools' command lines.
+    /// tools' command lines. `--verity` appends a dm-verity hash tree and prints the
+    /// root hash and the `veritysetup open` command line.
     #[command(alias = "convert")]
     Build(Box<build::BuildArgs>),
     /// List a directory of an image (like `ls -l`).
@@ -69,8 +70,9 @@ enum Cmd {
     /// Exit status 0 when equal, 1 when they differ, 2 on error.
     Diff(diff::DiffArgs),
     /// Verify every structure of an image, read every byte of every file and report
-    /// every problem. Exit status 0 when clean, 1 when problems were found, 2 when the
-    /// image cannot be opened.
+    /// every problem (`--verity ROOTHASH`: and every block against the dm-verity tree).
+    /// Exit status 0 when clean, 1 when problems were found, 2 when the image cannot be
+    /// opened.
     Check(check::CheckArgs),
     /// Mount an image through FUSE, read-only (in the background unless -f).
     Mount(mount::MountArgs),

@@ -1,6 +1,8 @@
 //! What `ferofs build` shows: a progress bar while it runs (on a terminal) and a
 //! summary at the end (aligned lines on stderr, or one JSON object on stdout).
 
+use crate::fmt::hex;
+use ferofs_builder::verity::VerityInfo;
 use ferofs_builder::{BuildReport, Progress};
 use indicatif::{BinaryBytes, HumanCount, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
@@ -131,6 +133,7 @@ impl Summary<'_> {
             "threads": self.threads,
             "uuid": crate::fmt::uuid_string(&r.uuid),
             "build_time": r.build_time,
+            "verity": r.verity.as_ref().map(|v| verity_json(self.image, v)),
         })
     }
 
@@ -179,6 +182,95 @@ impl Summary<'_> {
             .map(|(k, v)| format!("{k:<12} {v}\n"))
             .collect()
     }
+}
+
+/// `s` as one shell word (single-quoted when it has anything but safe characters).
+fn shell_word(s: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "/._+:=,@%-".contains(c);
+    if !s.is_empty() && s.chars().all(safe) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// A device-mapper name for `image`: its file name without the extension, with
+/// anything but letters, digits, `.`, `_` and `-` replaced by `_`.
+fn dm_name(image: &Path) -> String {
+    let stem = image
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let n: String = stem
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if n.is_empty() || n.starts_with('.') {
+        format!("erofs{n}")
+    } else {
+        n
+    }
+}
+
+/// `veritysetup open` for the image with its tree appended (the superblock gives the
+/// rest of the parameters).
+pub fn veritysetup_open(image: &Path, v: &VerityInfo) -> String {
+    let img = shell_word(&image.to_string_lossy());
+    format!(
+        "veritysetup open {img} {} {img} {} --hash-offset={}",
+        dm_name(image),
+        hex(&v.root_hash),
+        v.hash_offset
+    )
+}
+
+/// What `build --verity` prints on stdout: aligned lines like the summary's.
+pub fn verity_lines(image: &Path, v: &VerityInfo) -> String {
+    let salt = if v.salt.is_empty() {
+        "- (none)".to_string()
+    } else {
+        hex(&v.salt)
+    };
+    let lines = [
+        ("root hash", hex(&v.root_hash)),
+        ("salt", salt),
+        (
+            "verity",
+            format!(
+                "sha256, format 1, 4096-byte data and hash blocks, {} data blocks; \
+                 superblock at byte {} (the hash offset), {} hash blocks after it; {} bytes in all",
+                v.data_blocks, v.hash_offset, v.hash_blocks, v.file_bytes
+            ),
+        ),
+        ("open with", veritysetup_open(image, v)),
+    ];
+    lines
+        .iter()
+        .map(|(k, v)| format!("{k:<12} {v}\n"))
+        .collect()
+}
+
+fn verity_json(image: &Path, v: &VerityInfo) -> serde_json::Value {
+    json!({
+        "root_hash": hex(&v.root_hash),
+        "salt": hex(&v.salt),
+        "uuid": crate::fmt::uuid_string(&v.uuid),
+        "hash_algorithm": "sha256",
+        "format": 1,
+        "data_block_size": 4096,
+        "hash_block_size": 4096,
+        "data_blocks": v.data_blocks,
+        "hash_offset": v.hash_offset,
+        "hash_blocks": v.hash_blocks,
+        "file_bytes": v.file_bytes,
+        "veritysetup_open": veritysetup_open(image, v),
+    })
 }
 
 #[cfg(test)]
@@ -236,5 +328,32 @@ mod tests {
         assert!(s.json()["ratio"].is_null());
         assert!(s.human().contains("image bytes  0 bytes\n"));
         assert!(s.human().ends_with("peak memory  unknown\n"));
+    }
+
+    #[test]
+    fn verity_lines_and_command() {
+        let v = VerityInfo {
+            root_hash: [0xab; 32],
+            salt: vec![1, 2],
+            uuid: [0; 16],
+            data_blocks: 10,
+            hash_offset: 40960,
+            hash_blocks: 1,
+            file_bytes: 49152,
+        };
+        let s = verity_lines(Path::new("out/my app.erofs"), &v);
+        let root = "ab".repeat(32);
+        assert!(
+            s.starts_with(&format!("root hash    {root}\nsalt         0102\n")),
+            "{s}"
+        );
+        assert!(s.ends_with(&format!(
+            "open with    veritysetup open 'out/my app.erofs' my_app 'out/my app.erofs' {root} --hash-offset=40960\n"
+        )), "{s}");
+        assert_eq!(shell_word("it's"), r"'it'\''s'");
+        assert_eq!(dm_name(Path::new(".hidden")), "erofs.hidden");
+        let j = verity_json(Path::new("x.img"), &v);
+        assert_eq!(j["hash_offset"], 40960);
+        assert_eq!(j["salt"], "0102");
     }
 }

@@ -13,6 +13,8 @@
 //! - [`chunk`]: chunk-based layout entries.
 //! - [`zmap`]: compressed-file map header and lcluster index entries.
 //! - [`crc32c`]: the superblock checksum.
+//! - [`verity`]: not EROFS: the dm-verity hash tree layout and superblock appended by
+//!   `ferofs build --verity`.
 //!
 //! Every parser takes a fixed-size array (the caller has already bounds-checked the
 //! slice), so parsing itself cannot fail; *validation* of the values is the reader's job.
@@ -23,6 +25,7 @@ pub mod dirent;
 pub mod inode;
 pub mod le;
 pub mod sb;
+pub mod verity;
 pub mod xattr;
 pub mod xxh32;
 pub mod zindex;

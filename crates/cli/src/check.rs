@@ -203,7 +203,13 @@ struct Found {
 
 /// What one inode's check gives: problems, data byte ranges (start, end, nid) and
 /// bytes read.
-type InodeResult = (Vec<Problem>, Vec<(u64, u64, u64)>, u64);
+/// Problems, data byte ranges (start, end, nid), the inode record's byte range, bytes read.
+type InodeResult = (
+    Vec<Problem>,
+    Vec<(u64, u64, u64)>,
+    Option<(u64, u64, u64)>,
+    u64,
+);
 
 /// Result of a whole check.
 pub struct Report {
@@ -573,9 +579,11 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool, watch: &[(u64, u6
         )
         .collect();
     let mut ranges: Vec<(u64, u64, u64)> = Vec::new();
-    for (p, r, n) in results {
+    let mut records: Vec<(u64, u64, u64)> = Vec::new();
+    for (p, r, rec, n) in results {
         problems.extend(p);
         ranges.extend(r);
+        records.extend(rec);
         summary.bytes_read += n;
     }
 
@@ -583,7 +591,7 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool, watch: &[(u64, u6
     // ---- Phase 3: no two inodes claim the same bytes (unless identical ranges).
     summary.ranges = ranges.len() as u64;
     if img.superblock().extra_devices == 0 {
-        problems.extend(overlaps(ranges, &items));
+        problems.extend(overlaps(ranges, records, &items));
     }
     if problems.len() > MAX_PROBLEMS {
         problems.truncate(MAX_PROBLEMS);
@@ -717,15 +725,28 @@ fn check_inode(
             }
         }
     }
-    (probs, ranges, read)
+    let record = img.inode_record(ino).map(|(s, e)| (s, e, ino.nid));
+    (probs, ranges, record, read)
 }
 
-/// Partial overlaps between byte ranges of different inodes. Identical ranges are
-/// sharing (dedupe) and allowed; overlaps within one inode too.
-/// Memory: the ranges vector only (24 bytes a range), sorted in place.
-fn overlaps(mut ranges: Vec<(u64, u64, u64)>, items: &[Found]) -> Vec<Problem> {
+/// Partial overlaps between byte ranges of different inodes, and between data and
+/// inode records (core and inline xattrs) or two records. Identical data ranges are
+/// sharing (dedupe) and allowed; overlaps within one inode's data too.
+/// Memory: the range vectors only (24 bytes a range), sorted in place.
+fn overlaps(
+    mut ranges: Vec<(u64, u64, u64)>,
+    records: Vec<(u64, u64, u64)>,
+    items: &[Found],
+) -> Vec<Problem> {
     ranges.sort_unstable();
     ranges.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
+    // (start, end, nid, is a record), by start.
+    let mut all: Vec<(u64, u64, u64, bool)> = ranges
+        .into_iter()
+        .map(|(s, e, n)| (s, e, n, false))
+        .chain(records.into_iter().map(|(s, e, n)| (s, e, n, true)))
+        .collect();
+    all.sort_unstable();
     let paths_of = |nid: u64| -> Vec<String> {
         items
             .binary_search_by_key(&nid, |f| f.ino.nid)
@@ -734,17 +755,25 @@ fn overlaps(mut ranges: Vec<(u64, u64, u64)>, items: &[Found]) -> Vec<Problem> {
             .map(|f| f.paths.clone())
             .unwrap_or_default()
     };
+    let what = |rec: bool| if rec { "inode record" } else { "data" };
     let mut out = Vec::new();
-    // The range reaching furthest so far: (end, start, nid).
-    let mut reach: Option<(u64, u64, u64)> = None;
-    for &(s, e, nid) in &ranges {
-        if let Some((rend, rstart, rnid)) = reach {
-            if s < rend && rnid != nid && out.len() < MAX_PROBLEMS {
+    // The range reaching furthest so far: (end, start, nid, is a record).
+    let mut reach: Option<(u64, u64, u64, bool)> = None;
+    for &(s, e, nid, rec) in &all {
+        if let Some((rend, rstart, rnid, rrec)) = reach {
+            if s < rend && (rnid != nid || rec != rrec) && out.len() < MAX_PROBLEMS {
                 let p = Problem {
                     paths: paths_of(nid),
-                    kind: "BlockOverlap".into(),
+                    kind: if rec || rrec {
+                        "MetaOverlap"
+                    } else {
+                        "BlockOverlap"
+                    }
+                    .into(),
                     what: format!(
-                        "data bytes {s}..{e} overlap bytes {rstart}..{rend} of nid {rnid} ({})",
+                        "{} bytes {s}..{e} overlap {} bytes {rstart}..{rend} of nid {rnid} ({})",
+                        what(rec),
+                        what(rrec),
                         paths_of(rnid).join(", ")
                     ),
                     nid: Some(nid),
@@ -755,10 +784,10 @@ fn overlaps(mut ranges: Vec<(u64, u64, u64)>, items: &[Found]) -> Vec<Problem> {
                 out.push(p);
             }
             if e > rend {
-                reach = Some((e, s, nid));
+                reach = Some((e, s, nid, rec));
             }
         } else {
-            reach = Some((e, s, nid));
+            reach = Some((e, s, nid, rec));
         }
     }
     out

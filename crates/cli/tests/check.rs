@@ -154,6 +154,15 @@ fn overlap(img: &Path, b: &mut [u8]) -> (String, Option<u64>, &'static str) {
     b[p + 0x10..p + 0x14].copy_from_slice(&blk.to_le_bytes());
     ("/ov2".into(), Some(nid(img, "/ov2")), "BlockOverlap")
 }
+fn meta_overlap(img: &Path, b: &mut [u8]) -> (String, Option<u64>, &'static str) {
+    // comp's data moved onto the inode table: its bytes read fine, only the overlap
+    // with the inode records tells.
+    let i = json(&ok(&[&"inspect", &"--json", &img]));
+    let meta = i["meta_blkaddr"].as_u64().expect("meta_blkaddr") as u32;
+    let p = inode_pos(img, "/comp");
+    b[p + 0x10..p + 0x14].copy_from_slice(&meta.to_le_bytes());
+    ("/comp".into(), Some(nid(img, "/comp")), "MetaOverlap")
+}
 fn checksum(_: &Path, b: &mut [u8]) -> (String, Option<u64>, &'static str) {
     b[1028] ^= 0xFF;
     ("(superblock)".into(), None, "BadChecksum")
@@ -207,7 +216,7 @@ fn assert_reported(probs: &[Value], want: &(String, Option<u64>, &'static str)) 
     assert!(hit, "{want:?} not reported; got {probs:#?}");
 }
 
-const PLAIN: [(&str, Corruption); 8] = [
+const PLAIN: [(&str, Corruption); 9] = [
     ("bad_dir_block", bad_dir_block),
     ("swap_names", swap_names),
     ("nid_past_end", nid_past_end),
@@ -215,6 +224,7 @@ const PLAIN: [(&str, Corruption); 8] = [
     ("nlink", nlink),
     ("xattr_entry", xattr_entry),
     ("overlap", overlap),
+    ("meta_overlap", meta_overlap),
     ("checksum", checksum),
 ];
 

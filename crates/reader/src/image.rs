@@ -355,6 +355,16 @@ impl<S: Source> Image<S> {
         }
     }
 
+    /// The image bytes `[start, end)` of `ino`'s on-disk record (core and inline
+    /// xattrs; inline data and indexes follow it), or None when it lives in the
+    /// metabox (another address space).
+    pub fn inode_record(&self, ino: &Inode) -> Option<(u64, u64)> {
+        match self.inode_pos(ino.nid) {
+            Ok((pos, false)) => pos.checked_add(ino.meta_size).map(|e| (pos, e)),
+            _ => None,
+        }
+    }
+
     /// (byte position of the inode in its address space, in metabox?)
     pub(crate) fn inode_pos(&self, nid: u64) -> Result<(u64, bool)> {
         let in_metabox = nid & NID_METABOX_BIT != 0;

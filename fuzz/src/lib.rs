@@ -289,3 +289,5 @@ pub fn decompress_fixed(alg: ferofs_compress::Algorithm, data: &[u8]) {
     let mut out = vec![0u8; n];
     let _ = ferofs_compress::decompress(alg, &data[8..], &mut out, partial, &cfg);
 }
+
+pub mod roundtrip;

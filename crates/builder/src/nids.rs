@@ -4,7 +4,8 @@
 //! Records with inline data (a tail or a compressed pcluster behind the inode) must not
 //! cross a block boundary; the others may (the kernel reads inodes, xattrs and indexes
 //! across blocks: index packs and chunk entries are aligned, so none is split). So:
-//! first the root (its nid must stay small) and the block-bound records, best fit; then
+//! first the root (its nid must stay small; a root record longer than a block, which has
+//! no inline data, begins the stream instead) and the block-bound records, best fit; then
 //! the others, each into the tightest gap left that holds it whole, else onto one
 //! stream at the end that runs across block boundaries and wastes nothing.
 //!
@@ -268,8 +269,10 @@ fn pack(
     let mut stream: Option<u64> = None;
     for &id in &order {
         let shape = records[id].shape;
-        let bound = id == root || records[id].bound;
         let len0 = shape.len(0).div_ceil(32) * 32;
+        // The root goes first, in one block when it fits one (its nid stays small
+        // either way: it begins the region or the stream).
+        let bound = records[id].bound || (id == root && len0 <= bs);
         if len0 > bs && bound {
             return Err(id);
         }

@@ -41,6 +41,7 @@ mod dedupe;
 pub mod dir;
 pub mod erofsin;
 mod frag;
+pub mod fsverity;
 mod layout;
 mod lzo;
 mod metabox;
@@ -128,6 +129,9 @@ pub fn build_from_erofs(source: &Path, output: &Path, opts: &BuildOptions) -> Re
 
 /// Stages 2 to 6: the image of `tree` at `output`.
 fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildReport> {
+    if o.fsverity_digests {
+        fsverity::add_digests(&mut tree)?;
+    }
     let build_time = plan::apply_time_policy(&mut tree, o);
     if o.fragments != Fragments::Off {
         plan::add_packed_inode(&mut tree, build_time);

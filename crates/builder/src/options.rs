@@ -68,6 +68,9 @@ pub struct BuildOptions {
     pub tar_index: bool,
     /// `--verity`: a dm-verity hash tree appended behind the image (see `verity`).
     pub verity: Option<VerityOptions>,
+    /// `--fsverity-digests`: each regular file's fs-verity digest in a
+    /// `trusted.overlay.metacopy` xattr (see `fsverity`).
+    pub fsverity_digests: bool,
 }
 
 /// `--verity`: sha256, 4096-byte data and hash blocks, the superblock written.
@@ -119,6 +122,7 @@ impl Default for BuildOptions {
             ovlfs_strip: false,
             tar_index: false,
             verity: None,
+            fsverity_digests: false,
         }
     }
 }
@@ -169,6 +173,12 @@ impl BuildOptions {
                     o.block_size
                 )));
             }
+        }
+        if o.fsverity_digests && o.tar_index {
+            return Err(BuildError::Options(
+                "--fsverity-digests with --tar-index: the file data stays in the tar, not read"
+                    .into(),
+            ));
         }
         if let Some(v) = &o.verity {
             if o.block_size != 4096 {

@@ -140,6 +140,11 @@ pub struct BuildArgs {
     /// derived from the image's UUID, so the same tree gives the same bytes.
     #[arg(long, value_name = "HEX", requires = "verity")]
     verity_salt: Option<String>,
+    /// Integrity per file: store each regular file's fs-verity digest (SHA-256, 4096-byte
+    /// blocks, no salt; what `fsverity digest` prints) in a `trusted.overlay.metacopy`
+    /// xattr, as composefs does, for overlayfs's `verity=require`.
+    #[arg(long)]
+    fsverity_digests: bool,
 }
 
 /// Hex digits to bytes (`-` or nothing: no bytes).
@@ -249,6 +254,7 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
     }
     o.threads = a.threads;
     o.fsync = a.fsync;
+    o.fsverity_digests = a.fsverity_digests;
     if a.verity {
         o.verity = Some(VerityOptions {
             salt: match &a.verity_salt {

@@ -504,3 +504,71 @@ fn verity_kernel_open_mount_and_eio() {
     drop(mnt);
     drop(dev);
 }
+
+/// `--fsverity-digests`: through the kernel's mount, every regular file of
+/// `make-tree.py`'s tree (hardlinks, holes, empty and large files) carries a
+/// `trusted.overlay.metacopy` xattr (version 0, length 36, flags 0, SHA-256) whose
+/// digest is what `fsverity digest` computes from the source file, plain and packed; a
+/// source file that already had the xattr gets the right value; `check` passes; without
+/// the option no digest is added.
+#[test]
+fn fsverity_digests_equal_fsverity_utils_through_the_kernel() {
+    if !kernel_available("fsverity_digests_equal_fsverity_utils_through_the_kernel") {
+        return;
+    }
+    let fsverity = tool("fsverity").expect("fsverity not installed (apt-get install fsverity)");
+    let (_fs, src) = make_tree();
+    let out = scratch("fsverity-out");
+    let mut files = Vec::new();
+    let mut stack = vec![src.clone()];
+    // Bounded by the tree.
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).expect("ls").flatten() {
+            let ft = e.file_type().expect("type");
+            if ft.is_dir() {
+                stack.push(e.path());
+            } else if ft.is_file() {
+                files.push(e.path());
+            }
+        }
+    }
+    assert!(files.len() > 20, "tree too small: {}", files.len());
+    // One source file claims a wrong digest already: it must be replaced.
+    xattr::set(&files[0], "trusted.overlay.metacopy", &[0u8; 36]).expect("set xattr");
+    for (name, extra) in [
+        ("plain", vec!["-z", "none"]),
+        (
+            "packed",
+            vec!["-z", "lz4hc", "-E", "smallest", "-C", "65536"],
+        ),
+    ] {
+        let img = out.path().join(format!("{name}.erofs"));
+        let mut args = vec!["--fsverity-digests"];
+        args.extend(extra.iter().copied());
+        build(&src, &img, &args);
+        ok(&[&"check", &img]);
+        let m = Mount::erofs(&img);
+        for f in &files {
+            let rel = f.strip_prefix(&src).expect("rel");
+            let want = sh(Command::new(&fsverity).args(["digest", "--compact"]).arg(f));
+            let v = xattr::get(m.path().join(rel), "trusted.overlay.metacopy")
+                .expect("getxattr")
+                .unwrap_or_else(|| panic!("{name}: {} has no digest", rel.display()));
+            assert_eq!(v.len(), 36, "{name}: {}", rel.display());
+            assert_eq!(v[..4], [0, 36, 0, 1], "{name}: {}", rel.display());
+            let got: String = v[4..].iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(got, want.trim(), "{name}: {}", rel.display());
+        }
+        drop(m);
+    }
+    // Without the option the image carries no digests but the source's own xattr.
+    let img = out.path().join("none.erofs");
+    build(&src, &img, &["-z", "lz4"]);
+    let m = Mount::erofs(&img);
+    let rel = files[1].strip_prefix(&src).expect("rel");
+    assert_eq!(
+        xattr::get(m.path().join(rel), "trusted.overlay.metacopy").expect("getxattr"),
+        None
+    );
+    drop(m);
+}

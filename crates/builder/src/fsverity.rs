@@ -1,0 +1,233 @@
+//! fs-verity file digests (`--fsverity-digests`), stored the way composefs stores them:
+//! each regular file gets a `trusted.overlay.metacopy` xattr holding its fs-verity
+//! digest, so an overlayfs mount with `verity=require` over this image's files (as
+//! composefs does) can check each data file against it.
+//!
+//! The digest is fs-verity's (kernel `Documentation/filesystems/fsverity.rst`): SHA-256
+//! over 4096-byte blocks, no salt. Data blocks (the last zero-padded) are hashed; the
+//! hashes are packed 128 to a 4096-byte block (the last zero-padded) and hashed again,
+//! level by level, until one hash is left: the root hash (a one-block file's root hash
+//! is its block's hash; an empty file's is all zeros). The digest is the SHA-256 of the 256-byte descriptor
+//! (version 1, algorithm 1 = SHA-256, log2 block size 12, no salt, the data size, the
+//! root hash). `fsverity digest FILE` computes the same value.
+//!
+//! The xattr value is overlayfs's metacopy record: version 0, its length (4 + 32), flags
+//! 0, the algorithm (1 = SHA-256), then the 32-byte digest.
+
+use crate::options::*;
+use crate::scan::{Kind, Tree};
+use rayon::prelude::*;
+use sha2::{Digest, Sha256};
+
+/// The xattr the digest goes in.
+pub const XATTR: &[u8] = b"trusted.overlay.metacopy";
+const BLOCK: usize = 4096;
+const HASH: usize = 32;
+
+/// Streaming fs-verity Merkle tree: one partial hash block per level.
+#[derive(Default)]
+struct Tree256 {
+    /// Per level: the hashes not yet packed into a full block, and how many hashes the
+    /// level has had in all.
+    levels: Vec<(Vec<u8>, u64)>,
+}
+
+impl Tree256 {
+    fn push(&mut self, mut level: usize, mut h: [u8; HASH]) {
+        // Bounded: each turn moves one level up; a level fills at most once per push.
+        loop {
+            if self.levels.len() <= level {
+                self.levels.push((Vec::with_capacity(BLOCK), 0));
+            }
+            let (buf, count) = &mut self.levels[level];
+            buf.extend_from_slice(&h);
+            *count += 1;
+            if buf.len() < BLOCK {
+                return;
+            }
+            h = Sha256::digest(&buf[..]).into();
+            buf.clear();
+            level += 1;
+        }
+    }
+
+    /// The root hash (all zeros when no data block was pushed).
+    fn root(mut self) -> [u8; HASH] {
+        let mut i = 0;
+        // Bounded: one turn per level (at most 12 for 2^64 bytes).
+        while i < self.levels.len() {
+            let (buf, count) = &self.levels[i];
+            let (buf, count) = (buf.clone(), *count);
+            if count == 1 && !buf.is_empty() {
+                // One data block: its hash is the root (no hash block above it).
+                let mut r = [0u8; HASH];
+                r.copy_from_slice(&buf[..HASH]);
+                return r;
+            }
+            if count <= (BLOCK / HASH) as u64 {
+                // This level is one block: its hash is the root.
+                if buf.is_empty() {
+                    // It filled exactly and went up as the next level's only hash.
+                    let mut r = [0u8; HASH];
+                    if let Some((up, _)) = self.levels.get(i + 1) {
+                        r.copy_from_slice(&up[..HASH]);
+                    }
+                    return r;
+                }
+                let mut b = buf;
+                b.resize(BLOCK, 0);
+                return Sha256::digest(&b).into();
+            }
+            if !buf.is_empty() {
+                let mut b = buf;
+                b.resize(BLOCK, 0);
+                self.levels[i].0.clear();
+                let h: [u8; HASH] = Sha256::digest(&b).into();
+                self.push(i + 1, h);
+            }
+            i += 1;
+        }
+        [0u8; HASH]
+    }
+}
+
+/// The fs-verity digest of `size` bytes read through `read(buf, offset)`.
+pub fn digest(size: u64, mut read: impl FnMut(&mut [u8], u64) -> Result<()>) -> Result<[u8; HASH]> {
+    let mut t = Tree256::default();
+    let mut chunk = vec![0u8; 64 * BLOCK];
+    let mut at = 0u64;
+    // Bounded: each turn reads up to a chunk, at least one byte.
+    while at < size {
+        let n = (size - at).min(chunk.len() as u64) as usize;
+        read(&mut chunk[..n], at)?;
+        for b in chunk[..n].chunks(BLOCK) {
+            let h: [u8; HASH] = if b.len() == BLOCK {
+                Sha256::digest(b).into()
+            } else {
+                let mut p = [0u8; BLOCK];
+                p[..b.len()].copy_from_slice(b);
+                Sha256::digest(p).into()
+            };
+            t.push(0, h);
+        }
+        at += n as u64;
+    }
+    let root = t.root();
+    let mut desc = [0u8; 256];
+    desc[0] = 1; // version
+    desc[1] = 1; // SHA-256
+    desc[2] = 12; // log2 of 4096
+    desc[8..16].copy_from_slice(&size.to_le_bytes());
+    desc[16..16 + HASH].copy_from_slice(&root);
+    Ok(Sha256::digest(desc).into())
+}
+
+/// overlayfs's metacopy record for a digest.
+pub fn metacopy(d: &[u8; HASH]) -> Vec<u8> {
+    let mut v = vec![0u8, (4 + HASH) as u8, 0, 1];
+    v.extend_from_slice(d);
+    v
+}
+
+/// Give every regular file of `tree` its digest xattr (replacing one it had), in
+/// parallel. Files whose data is not read (an extra device) are refused earlier.
+pub fn add_digests(tree: &mut Tree) -> Result<()> {
+    let found: Vec<(usize, [u8; HASH])> = tree
+        .nodes
+        .par_iter()
+        .enumerate()
+        .filter_map(|(i, nd)| match &nd.kind {
+            Kind::File { src, size } => Some((i, src, *size)),
+            _ => None,
+        })
+        .map(|(i, src, size)| {
+            let d = if size == 0 {
+                digest(0, |_, _| Ok(()))?
+            } else {
+                let r = src.open(size)?;
+                let d = digest(size, |buf, off| {
+                    r.read_exact_at(buf, off)
+                        .map_err(io_err(src.path(), "fs-verity digest: read"))
+                })?;
+                r.unchanged()?;
+                d
+            };
+            Ok((i, d))
+        })
+        .collect::<Result<_>>()?;
+    for (i, d) in found {
+        let x = &mut tree.nodes[i].xattrs;
+        x.retain(|(n, _)| n != XATTR);
+        let at = x.partition_point(|(n, _)| n.as_slice() < XATTR);
+        x.insert(at, (XATTR.to_vec(), metacopy(&d)));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn of(data: &[u8]) -> String {
+        let d = digest(data.len() as u64, |buf, off| {
+            let o = off as usize;
+            buf.copy_from_slice(&data[o..o + buf.len()]);
+            Ok(())
+        })
+        .expect("digest");
+        d.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// (size, `fsverity digest --compact` of bytes i*7 % 251), fsverity-utils 1.6.
+    const VECTORS: &[(usize, &str)] = &[
+        (
+            0,
+            "3d248ca542a24fc62d1c43b916eae5016878e2533c88238480b26128a1f1af95",
+        ),
+        (
+            1,
+            "b803429503d95915829b29fdbc8bbad142f3abfd11b1cadf5526582e685c0551",
+        ),
+        (
+            4096,
+            "258b680fa93e3bfc1586d9b439d29a2172bd0db550fe7da1272fd8120d801182",
+        ),
+        (
+            4097,
+            "0328cc6ed983dc0df3103b9651098ab305e4adfae46a1a5814b6602b0630293d",
+        ),
+        (
+            8192,
+            "32dd06a98d4b2bb226faad1839766c3592f4f9ed541a417116c8b828ccd07da3",
+        ),
+        (
+            524288,
+            "e1389416027616e5a91f01961c0d159871f5c6afaf577d6e3b9d815f916fbde0",
+        ),
+        (
+            524289,
+            "00023924223dbf3c1f1095d9f0fb02546dc2d8ea7032445ad216eab168faa3bb",
+        ),
+        (
+            528384,
+            "6f014f4ac506e6436e4a5a7adb415abcb3a5476f7490f36621fa7c7e4c7e9272",
+        ),
+        (
+            67108869,
+            "9dfe5a394367376bfd8191e45cfac2d08a6873d768ba442e24a1f2deed903cbe",
+        ),
+    ];
+
+    /// Values from fsverity-utils' `fsverity digest` (1.6) on the same bytes.
+    #[test]
+    fn digests_equal_fsverity_utils() {
+        assert_eq!(
+            of(b"hello\n"),
+            "9c76eecc7b76fcb46199cb27b90cf59a660e10575bb0412128905129d5b1c2aa"
+        );
+        for (n, want) in VECTORS {
+            let data: Vec<u8> = (0..*n).map(|i| (i * 7 % 251) as u8).collect();
+            assert_eq!(of(&data), *want, "{n} bytes");
+        }
+    }
+}

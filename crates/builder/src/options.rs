@@ -244,12 +244,13 @@ impl BuildOptions {
 /// What went wrong, naming the source path and the stage.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
-    #[error("{stage}: {}: {source}", path.display())]
+    // The I/O error is part of the message, not a `source` as well: printed as a
+    // chain (`{:#}`) it would appear twice.
+    #[error("{stage}: {}: {error}", path.display())]
     Io {
         path: PathBuf,
         stage: &'static str,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{}: {what}", path.display())]
     Invalid { path: PathBuf, what: String },
@@ -265,10 +266,10 @@ pub(crate) fn io_err<'a>(
     path: &'a std::path::Path,
     stage: &'static str,
 ) -> impl FnOnce(std::io::Error) -> BuildError + 'a {
-    move |source| BuildError::Io {
+    move |error| BuildError::Io {
         path: path.to_path_buf(),
         stage,
-        source,
+        error,
     }
 }
 

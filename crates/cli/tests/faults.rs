@@ -420,3 +420,292 @@ fn read_only_source_with_loops_and_hostile_names() {
         assert_same_tree(&src, m.path());
     }
 }
+
+/// A one-directory FUSE filesystem whose files take writes up to `limit` bytes and
+/// then fail them with EIO, as a dying disk would (the test machine's kernel has no
+/// device-mapper for an `error` target).
+mod failfs {
+    use fuser::{
+        Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+        LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+        ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, Request, WriteFlags,
+    };
+    use std::collections::BTreeMap;
+    use std::ffi::{OsStr, OsString};
+    use std::sync::Mutex;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    const TTL: Duration = Duration::from_secs(0);
+
+    #[derive(Default)]
+    struct State {
+        /// name -> (inode, size)
+        files: BTreeMap<OsString, (u64, u64)>,
+        next: u64,
+    }
+
+    pub struct FailFs {
+        limit: u64,
+        st: Mutex<State>,
+    }
+
+    impl FailFs {
+        pub fn new(limit: u64) -> Self {
+            FailFs {
+                limit,
+                st: Mutex::new(State {
+                    files: BTreeMap::new(),
+                    next: 2,
+                }),
+            }
+        }
+        fn state(&self) -> std::sync::MutexGuard<'_, State> {
+            self.st.lock().unwrap_or_else(|e| e.into_inner())
+        }
+    }
+
+    fn attr(ino: u64, size: u64, dir: bool) -> FileAttr {
+        FileAttr {
+            ino: INodeNo(ino),
+            size,
+            blocks: size.div_ceil(512),
+            atime: UNIX_EPOCH,
+            mtime: UNIX_EPOCH,
+            ctime: UNIX_EPOCH,
+            crtime: UNIX_EPOCH,
+            kind: if dir {
+                FileType::Directory
+            } else {
+                FileType::RegularFile
+            },
+            perm: if dir { 0o777 } else { 0o644 },
+            nlink: if dir { 2 } else { 1 },
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    impl Filesystem for FailFs {
+        fn lookup(&self, _r: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+            match self.state().files.get(name) {
+                Some(&(ino, size)) if parent.0 == 1 => {
+                    reply.entry(&TTL, &attr(ino, size, false), Generation(0))
+                }
+                _ => reply.error(Errno::ENOENT),
+            }
+        }
+        fn getattr(&self, _r: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+            if ino.0 == 1 {
+                return reply.attr(&TTL, &attr(1, 0, true));
+            }
+            let st = self.state();
+            match st.files.values().find(|f| f.0 == ino.0) {
+                Some(&(i, size)) => reply.attr(&TTL, &attr(i, size, false)),
+                None => reply.error(Errno::ENOENT),
+            }
+        }
+        #[allow(clippy::too_many_arguments)]
+        fn setattr(
+            &self,
+            _r: &Request,
+            ino: INodeNo,
+            _mode: Option<u32>,
+            _uid: Option<u32>,
+            _gid: Option<u32>,
+            size: Option<u64>,
+            _atime: Option<fuser::TimeOrNow>,
+            _mtime: Option<fuser::TimeOrNow>,
+            _ctime: Option<std::time::SystemTime>,
+            _fh: Option<FileHandle>,
+            _crtime: Option<std::time::SystemTime>,
+            _chgtime: Option<std::time::SystemTime>,
+            _bkuptime: Option<std::time::SystemTime>,
+            _flags: Option<fuser::BsdFileFlags>,
+            reply: ReplyAttr,
+        ) {
+            let mut st = self.state();
+            match st.files.values_mut().find(|f| f.0 == ino.0) {
+                Some(f) => {
+                    if let Some(s) = size {
+                        f.1 = s;
+                    }
+                    reply.attr(&TTL, &attr(f.0, f.1, false))
+                }
+                None => reply.error(Errno::ENOENT),
+            }
+        }
+        fn create(
+            &self,
+            _r: &Request,
+            _parent: INodeNo,
+            name: &OsStr,
+            _mode: u32,
+            _umask: u32,
+            _flags: i32,
+            reply: ReplyCreate,
+        ) {
+            let mut st = self.state();
+            let ino = st.next;
+            st.next += 1;
+            st.files.insert(name.to_os_string(), (ino, 0));
+            reply.created(
+                &TTL,
+                &attr(ino, 0, false),
+                Generation(0),
+                FileHandle(ino),
+                FopenFlags::empty(),
+            );
+        }
+        fn open(&self, _r: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+            reply.opened(FileHandle(ino.0), FopenFlags::empty());
+        }
+        #[allow(clippy::too_many_arguments)]
+        fn write(
+            &self,
+            _r: &Request,
+            ino: INodeNo,
+            _fh: FileHandle,
+            offset: u64,
+            data: &[u8],
+            _wf: WriteFlags,
+            _flags: OpenFlags,
+            _lo: Option<LockOwner>,
+            reply: ReplyWrite,
+        ) {
+            let end = offset + data.len() as u64;
+            if end > self.limit {
+                return reply.error(Errno::EIO);
+            }
+            let mut st = self.state();
+            if let Some(f) = st.files.values_mut().find(|f| f.0 == ino.0) {
+                f.1 = f.1.max(end);
+            }
+            reply.written(data.len() as u32);
+        }
+        #[allow(clippy::too_many_arguments)]
+        fn read(
+            &self,
+            _r: &Request,
+            _ino: INodeNo,
+            _fh: FileHandle,
+            _offset: u64,
+            size: u32,
+            _flags: OpenFlags,
+            _lo: Option<LockOwner>,
+            reply: ReplyData,
+        ) {
+            reply.data(&vec![0u8; size as usize]);
+        }
+        fn flush(
+            &self,
+            _r: &Request,
+            _i: INodeNo,
+            _fh: FileHandle,
+            _lo: LockOwner,
+            reply: ReplyEmpty,
+        ) {
+            reply.ok();
+        }
+        fn fsync(&self, _r: &Request, _i: INodeNo, _fh: FileHandle, _d: bool, reply: ReplyEmpty) {
+            reply.ok();
+        }
+        fn unlink(&self, _r: &Request, _parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+            match self.state().files.remove(name) {
+                Some(_) => reply.ok(),
+                None => reply.error(Errno::ENOENT),
+            }
+        }
+        #[allow(clippy::too_many_arguments)]
+        fn rename(
+            &self,
+            _r: &Request,
+            _parent: INodeNo,
+            name: &OsStr,
+            _np: INodeNo,
+            newname: &OsStr,
+            _f: RenameFlags,
+            reply: ReplyEmpty,
+        ) {
+            let mut st = self.state();
+            match st.files.remove(name) {
+                Some(f) => {
+                    st.files.insert(newname.to_os_string(), f);
+                    reply.ok()
+                }
+                None => reply.error(Errno::ENOENT),
+            }
+        }
+        fn readdir(
+            &self,
+            _r: &Request,
+            _ino: INodeNo,
+            _fh: FileHandle,
+            offset: u64,
+            mut reply: ReplyDirectory,
+        ) {
+            let st = self.state();
+            let mut all: Vec<(u64, FileType, OsString)> = vec![
+                (1, FileType::Directory, ".".into()),
+                (1, FileType::Directory, "..".into()),
+            ];
+            all.extend(
+                st.files
+                    .iter()
+                    .map(|(n, f)| (f.0, FileType::RegularFile, n.clone())),
+            );
+            for (k, (ino, kind, name)) in all.into_iter().enumerate().skip(offset as usize) {
+                if reply.add(INodeNo(ino), (k + 1) as u64, kind, &name) {
+                    break;
+                }
+            }
+            reply.ok();
+        }
+    }
+}
+
+/// EIO from the output (a FUSE directory whose writes fail past 256 KiB): the build fails
+/// naming the output, and neither the temporary image nor a spool is left there.
+#[test]
+fn eio_on_the_output_fails_cleanly() {
+    if !kernel_available("eio_on_the_output_fails_cleanly") {
+        return;
+    }
+    let src = ferofs_testkit::scratch("eio-src");
+    for k in 0..8 {
+        std::fs::write(src.path().join(format!("f{k}")), text(1 << 20, k + 11)).expect("write");
+    }
+    let mnt = ferofs_testkit::scratch("eio-mnt");
+    let mut cfg = fuser::Config::default();
+    cfg.mount_options = vec![fuser::MountOption::FSName("ferofs-failfs".into())];
+    let session = fuser::spawn_mount(failfs::FailFs::new(256 << 10), mnt.path(), &cfg)
+        .expect("mount the failing FUSE directory");
+    for extra in [vec!["-z", "none"], vec!["-z", "lz4", "-E", "smallest"]] {
+        let img = mnt.path().join("out.erofs");
+        let res = ferofs()
+            .arg("build")
+            .arg("-q")
+            .args(&extra)
+            .arg(src.path())
+            .arg(&img)
+            .output()
+            .expect("run build");
+        let err = String::from_utf8_lossy(&res.stderr);
+        assert!(
+            !res.status.success(),
+            "{extra:?}: built onto a failing disk"
+        );
+        assert!(
+            err.contains("out.erofs") && err.contains("Input/output error"),
+            "{extra:?}: {err}"
+        );
+        assert_eq!(
+            leftovers(mnt.path()),
+            Vec::<String>::new(),
+            "{extra:?}: files left"
+        );
+    }
+    drop(session);
+}

@@ -130,10 +130,26 @@ pub fn metacopy(d: &[u8; HASH]) -> Vec<u8> {
 }
 
 /// Give every regular file of `tree` its digest xattr (replacing one it had), in
-/// parallel. Files whose data is not read (an extra device) are refused earlier.
-pub fn add_digests(tree: &mut Tree) -> Result<()> {
-    let found: Vec<(usize, [u8; HASH])> = tree
-        .nodes
+/// parallel on `threads` threads. Files whose data is not read (an extra device) are
+/// refused earlier.
+pub fn add_digests(tree: &mut Tree, threads: usize) -> Result<()> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .build()
+        .map_err(|e| BuildError::Options(format!("thread pool: {e}")))?;
+    let found = pool.install(|| digests(tree))?;
+    for (i, d) in found {
+        let x = &mut tree.nodes[i].xattrs;
+        x.retain(|(n, _)| n != XATTR);
+        let at = x.partition_point(|(n, _)| n.as_slice() < XATTR);
+        x.insert(at, (XATTR.to_vec(), metacopy(&d)));
+    }
+    Ok(())
+}
+
+/// (node index, digest) of every regular file.
+fn digests(tree: &Tree) -> Result<Vec<(usize, [u8; HASH])>> {
+    tree.nodes
         .par_iter()
         .enumerate()
         .filter_map(|(i, nd)| match &nd.kind {
@@ -154,14 +170,7 @@ pub fn add_digests(tree: &mut Tree) -> Result<()> {
             };
             Ok((i, d))
         })
-        .collect::<Result<_>>()?;
-    for (i, d) in found {
-        let x = &mut tree.nodes[i].xattrs;
-        x.retain(|(n, _)| n != XATTR);
-        let at = x.partition_point(|(n, _)| n.as_slice() < XATTR);
-        x.insert(at, (XATTR.to_vec(), metacopy(&d)));
-    }
-    Ok(())
+        .collect()
 }
 
 #[cfg(test)]

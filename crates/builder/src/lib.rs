@@ -130,7 +130,7 @@ pub fn build_from_erofs(source: &Path, output: &Path, opts: &BuildOptions) -> Re
 /// Stages 2 to 6: the image of `tree` at `output`.
 fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildReport> {
     if o.fsverity_digests {
-        fsverity::add_digests(&mut tree)?;
+        fsverity::add_digests(&mut tree, o.worker_threads())?;
     }
     let build_time = plan::apply_time_policy(&mut tree, o);
     if o.fragments != Fragments::Off {

@@ -805,6 +805,18 @@ fn rework(
         let Some((a, b, mut run)) = chosen else {
             continue;
         };
+        // A local target must be a piece written before the match: one already in
+        // `out`, or one between `next` and the match. A match over its own target (data
+        // repeating itself within one stretch) is left alone.
+        let targets_ok = run
+            .iter()
+            .all(|q| match q.refer.as_ref().and_then(|r| r.local) {
+                Some(k) => k < a && (k >= next || pos_of.get(k).is_some_and(Option::is_some)),
+                None => true,
+            });
+        if !targets_ok {
+            continue;
+        }
         for k in next..a {
             if let Some(q) = slots[k].take() {
                 pos_of[k] = Some(out.len());

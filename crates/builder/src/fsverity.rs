@@ -56,8 +56,9 @@ impl Tree256 {
         let mut i = 0;
         // Bounded: one turn per level (at most 12 for 2^64 bytes).
         while i < self.levels.len() {
-            let (buf, count) = &self.levels[i];
-            let (buf, count) = (buf.clone(), *count);
+            // Each level is visited once: its partial block can be taken.
+            let count = self.levels[i].1;
+            let buf = std::mem::take(&mut self.levels[i].0);
             if count == 1 && !buf.is_empty() {
                 // One data block: its hash is the root (no hash block above it).
                 let mut r = [0u8; HASH];
@@ -81,7 +82,6 @@ impl Tree256 {
             if !buf.is_empty() {
                 let mut b = buf;
                 b.resize(BLOCK, 0);
-                self.levels[i].0.clear();
                 let h: [u8; HASH] = Sha256::digest(&b).into();
                 self.push(i + 1, h);
             }

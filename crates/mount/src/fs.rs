@@ -9,17 +9,16 @@ use ferofs_format::inode::{
 };
 use ferofs_reader::{DirEntry, Error, Image, Inode, ReadCtx, Source, SpanKind};
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr,
-    Request,
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
 };
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
@@ -446,39 +445,28 @@ fn guarded<T>(f: impl FnOnce() -> Result<T, i32>) -> Result<T, Errno> {
 /// A read-ahead job: (nid, from, to).
 type Job = (u64, u64, u64);
 
-/// Per open file: where the last read ended (sequential-read detection).
+/// Per file (node id): where the last read ended, for sequential-read detection. Opens
+/// are zero-message (see `open`), so there is no handle and no release to key on: each
+/// shard forgets everything once it holds `STREAMS_PER_SHARD` files, which bounds it.
 #[derive(Default)]
-struct Handles {
-    next: AtomicU64,
+struct Streams {
     shards: [Mutex<HashMap<u64, u64>>; 16],
 }
 
-impl Handles {
-    fn open(&self) -> u64 {
-        let fh = self.next.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
-        if let Some(Ok(mut g)) = self.shards.get((fh % 16) as usize).map(|m| m.lock()) {
-            g.insert(fh, u64::MAX);
-        }
-        fh
-    }
-    /// Record a read of [off, end); true when it continued the previous one.
-    fn sequential(&self, fh: u64, off: u64, end: u64) -> bool {
-        let Some(Ok(mut g)) = self.shards.get((fh % 16) as usize).map(|m| m.lock()) else {
+const STREAMS_PER_SHARD: usize = 256;
+
+impl Streams {
+    /// Record a read of [off, end) of `node`; true when it continued the previous one
+    /// (or starts the file).
+    fn sequential(&self, node: u64, off: u64, end: u64) -> bool {
+        let Some(Ok(mut g)) = self.shards.get((node % 16) as usize).map(|m| m.lock()) else {
             return false;
         };
-        match g.get_mut(&fh) {
-            Some(last) => {
-                let seq = *last == off || off == 0;
-                *last = end;
-                seq
-            }
-            None => false,
+        if g.len() >= STREAMS_PER_SHARD && !g.contains_key(&node) {
+            g.clear();
         }
-    }
-    fn release(&self, fh: u64) {
-        if let Some(Ok(mut g)) = self.shards.get((fh % 16) as usize).map(|m| m.lock()) {
-            g.remove(&fh);
-        }
+        let last = g.insert(node, end);
+        off == 0 || last == Some(off)
     }
 }
 
@@ -487,7 +475,7 @@ pub struct ErofsFs<S: Source + 'static> {
     shared: Arc<Shared<S>>,
     record: Option<Arc<Recorder>>,
     prefetch: Option<SyncSender<Job>>,
-    handles: Handles,
+    streams: Streams,
     default_permissions: bool,
 }
 
@@ -514,7 +502,7 @@ impl<S: Source + 'static> ErofsFs<S> {
             shared,
             record,
             prefetch,
-            handles: Handles::default(),
+            streams: Streams::default(),
             default_permissions: o.default_permissions,
         })
     }
@@ -563,7 +551,7 @@ impl<S: Source + 'static> ErofsFs<S> {
         Ok(self.shared.attr(&ino, self.shared.node_of(nid)))
     }
 
-    fn do_read(&self, node: u64, fh: u64, off: u64, size: u32) -> Result<Vec<u8>, i32> {
+    fn do_read(&self, node: u64, off: u64, size: u32) -> Result<Vec<u8>, i32> {
         let sh = &self.shared;
         let nid = sh.nid_of(node);
         let ino = sh.inode(nid)?;
@@ -582,7 +570,7 @@ impl<S: Source + 'static> ErofsFs<S> {
         }
         sh.read_into(&ino, off, &mut buf)?;
         let end = off + n;
-        if ino.layout.is_compressed() && end < ino.size && self.handles.sequential(fh, off, end) {
+        if ino.layout.is_compressed() && end < ino.size && self.streams.sequential(node, off, end) {
             if let Some(tx) = &self.prefetch {
                 // Only big extents are worth a read-ahead thread (see `Shared::prefetch`);
                 // asking here saves waking one for every small file.
@@ -682,31 +670,30 @@ impl<S: Source + 'static> Filesystem for ErofsFs<S> {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    /// Zero-message opens: ENOSYS tells the kernel (FUSE_NO_OPEN_SUPPORT, Linux 4.20+) to
+    /// stop sending OPEN and RELEASE, and to open every file with FOPEN_KEEP_CACHE, which
+    /// is what this read-only image wants anyway. That saves two round trips per open.
+    /// Writes never get here: the mount is read-only (MS_RDONLY), so the kernel refuses
+    /// them with EROFS first.
+    fn open(&self, _req: &Request, _ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         if flags.acc_mode() != OpenAccMode::O_RDONLY {
             return reply.error(Errno::EROFS);
         }
-        match guarded(|| self.shared.inode(self.shared.nid_of(ino.0))) {
-            Ok(_) => reply.opened(
-                FileHandle(self.handles.open()),
-                FopenFlags::FOPEN_KEEP_CACHE,
-            ),
-            Err(e) => reply.error(e),
-        }
+        reply.error(Errno::ENOSYS)
     }
 
     fn read(
         &self,
         _req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         offset: u64,
         size: u32,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match guarded(|| self.do_read(ino.0, fh.0, offset, size)) {
+        match guarded(|| self.do_read(ino.0, offset, size)) {
             Ok(b) => reply.data(&b),
             Err(e) => reply.error(e),
         }
@@ -716,13 +703,12 @@ impl<S: Source + 'static> Filesystem for ErofsFs<S> {
         &self,
         _req: &Request,
         _ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.handles.release(fh.0);
         reply.ok();
     }
 
@@ -734,24 +720,14 @@ impl<S: Source + 'static> Filesystem for ErofsFs<S> {
         _lo: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        // ENOSYS: the kernel stops sending FLUSH on every close (nothing to flush).
+        reply.error(Errno::ENOSYS);
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match guarded(|| {
-            let i = self.shared.inode(self.shared.nid_of(ino.0))?;
-            if i.is_dir() {
-                Ok(())
-            } else {
-                Err(libc_errno::ENOTDIR)
-            }
-        }) {
-            Ok(()) => reply.opened(
-                FileHandle(0),
-                FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR,
-            ),
-            Err(e) => reply.error(e),
-        }
+    /// Zero-message opendir, as `open`: the kernel then opens directories with
+    /// FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR (its listing cache) and sends no RELEASEDIR.
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.error(Errno::ENOSYS)
     }
 
     fn readdir(

@@ -4,6 +4,7 @@
 
 use crate::cache::{Cache, Key, Val};
 use crate::record::Recorder;
+use crate::source;
 use ferofs_format::inode::{
     S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK,
 };
@@ -568,9 +569,14 @@ impl<S: Source + 'static> ErofsFs<S> {
                 r.read(nid);
             }
         }
-        sh.read_into(&ino, off, &mut buf)?;
         let end = off + n;
-        if ino.layout.is_compressed() && end < ino.size && self.streams.sequential(node, off, end) {
+        let sequential = self.streams.sequential(node, off, end);
+        if sequential {
+            sh.read_into(&ino, off, &mut buf)?;
+        } else {
+            source::random_reads(|| sh.read_into(&ino, off, &mut buf))?;
+        }
+        if ino.layout.is_compressed() && end < ino.size && sequential {
             if let Some(tx) = &self.prefetch {
                 // Only big extents are worth a read-ahead thread (see `Shared::prefetch`);
                 // asking here saves waking one for every small file.

@@ -141,10 +141,16 @@ pub fn mount(o: &Options) -> Result<Mounted, MountError> {
         path: shown(&o.image),
         source: e,
     })?;
-    let src = OffsetFile::new(f, o.offset).map_err(|e| MountError::Open {
+    let twin = std::fs::File::open(&o.image).map_err(|e| MountError::Open {
         path: shown(&o.image),
         source: e,
     })?;
+    let src = OffsetFile::new(f, o.offset)
+        .and_then(|s| s.with_random_twin(twin))
+        .map_err(|e| MountError::Open {
+            path: shown(&o.image),
+            source: e,
+        })?;
     let img = Image::new(src).map_err(|e| MountError::Image {
         path: shown(&o.image),
         source: e,

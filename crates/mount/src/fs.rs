@@ -42,6 +42,12 @@ const PREFETCH_MIN_EXTENT: u64 = 64 << 10;
 /// Read-ahead window after a sequential read (at least one extent).
 const PREFETCH_BYTES: u64 = 512 << 10;
 
+/// Directory read-ahead (see [`DirAhead`]): files asked for ahead of the reader, the
+/// largest file that counts as small, and decoded bytes one job decodes at most.
+const AHEAD_FILES: usize = 8;
+const AHEAD_MAX_FILE: u64 = 1 << 20;
+const AHEAD_BYTES: u64 = 2 << 20;
+
 /// Most bytes one FUSE read returns (the kernel asks for at most max_pages pages).
 const MAX_READ: u32 = 16 << 20;
 
@@ -67,7 +73,14 @@ pub(crate) struct Shared<S: Source> {
 
 thread_local! {
     static CTX: RefCell<ReadCtx> = RefCell::new(ReadCtx::new());
+    /// Reply buffer of this request thread: it only grows (up to `REPLY_KEEP`), so a
+    /// read does not zero a fresh buffer first; every byte of the part replied is
+    /// written by `read_into` before it is sent.
+    static REPLY: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
+
+/// Reply buffers above this are released after the request.
+const REPLY_KEEP: usize = 2 << 20;
 
 /// Run `f` with this thread's reader context (a fresh one when it is busy); EIO only
 /// if the thread is exiting.
@@ -307,6 +320,47 @@ impl<S: Source> Shared<S> {
         }
     }
 
+    /// Decode the extents of the small compressed files at listing positions [from, to)
+    /// of directory `dir` into the cache (directory read-ahead), at most
+    /// `AHEAD_BYTES` of them.
+    fn prefetch_files(&self, dir: u64, from: usize, to: usize) {
+        let Ok(d) = self.inode(dir) else { return };
+        let Ok(ents) = self.dir(&d) else { return };
+        let mut budget = AHEAD_BYTES;
+        for e in ents.iter().skip(from).take(to.saturating_sub(from)) {
+            if e.file_type != 1 {
+                continue;
+            }
+            let Ok(ino) = self.inode(e.nid) else { continue };
+            if !ino.is_regular() || !ino.layout.is_compressed() || ino.size > AHEAD_MAX_FILE {
+                continue;
+            }
+            let mut pos = 0;
+            // Bounded: a file of at most AHEAD_MAX_FILE bytes, each turn moves `pos` on.
+            while pos < ino.size && budget > 0 {
+                let Ok(Ok(Some(span))) = with_ctx(|c| self.img.data_span(c, &ino, pos)) else {
+                    break;
+                };
+                if span.end <= pos {
+                    break;
+                }
+                if let SpanKind::Encoded { .. } = span.kind {
+                    let key = Key::Data(e.nid, span.start);
+                    if !self.cache.present(key)
+                        && self.extent(&ino, span.start, span.end, true).is_err()
+                    {
+                        break;
+                    }
+                    budget = budget.saturating_sub(span.end - span.start);
+                }
+                pos = span.end;
+            }
+            if budget == 0 {
+                break;
+            }
+        }
+    }
+
     fn attr(&self, ino: &Inode, st_ino: u64) -> FileAttr {
         let t = if ino.mtime >= 0 {
             UNIX_EPOCH + Duration::new(ino.mtime.unsigned_abs(), ino.mtime_nsec.min(999_999_999))
@@ -443,8 +497,58 @@ fn guarded<T>(f: impl FnOnce() -> Result<T, i32>) -> Result<T, Errno> {
     }
 }
 
-/// A read-ahead job: (nid, from, to).
-type Job = (u64, u64, u64);
+/// A read-ahead job.
+enum Job {
+    /// Extents of file `nid` over bytes [from, to).
+    Extents(u64, u64, u64),
+    /// The small files at listing positions [from, to) of directory `dir`.
+    Files { dir: u64, from: usize, to: usize },
+}
+
+/// Directory read-ahead. A reader that reads a small file whole, from its start, in a
+/// directory it listed, is likely to read the next files of that listing next (a tree
+/// walk, `tar`, `cp -r`): their extents are decoded ahead, on the read-ahead threads,
+/// while the reader is busy with this one. Both maps are forgotten once they grow past
+/// their bound (read-ahead is only a hint).
+#[derive(Default)]
+struct DirAhead {
+    /// Regular file nid -> (directory nid, its position in the listing).
+    pos: Mutex<HashMap<u64, (u64, usize)>>,
+    /// Directory nid -> listing position up to which files have been asked for.
+    asked: Mutex<HashMap<u64, usize>>,
+}
+
+const DIR_AHEAD_FILES_KEPT: usize = 1 << 16;
+const DIR_AHEAD_DIRS_KEPT: usize = 1 << 12;
+
+impl DirAhead {
+    fn listed(&self, dir: u64, at: usize, file: u64) {
+        if let Ok(mut g) = self.pos.lock() {
+            if g.len() >= DIR_AHEAD_FILES_KEPT {
+                g.clear();
+            }
+            g.insert(file, (dir, at));
+        }
+    }
+
+    /// `file` was read whole from its start: the job to queue, if any.
+    fn read_whole(&self, file: u64) -> Option<Job> {
+        let (dir, at) = *self.pos.lock().ok()?.get(&file)?;
+        let mut g = self.asked.lock().ok()?;
+        if g.len() >= DIR_AHEAD_DIRS_KEPT {
+            g.clear();
+        }
+        let asked = g.entry(dir).or_insert(0);
+        let from = (at + 1).max(*asked);
+        // Ask again only when the reader is halfway into what was asked for.
+        if from > at + 1 + AHEAD_FILES / 2 {
+            return None;
+        }
+        let to = at + 1 + AHEAD_FILES;
+        *asked = to;
+        Some(Job::Files { dir, from, to })
+    }
+}
 
 /// Per file (node id): where the last read ended, for sequential-read detection. Opens
 /// are zero-message (see `open`), so there is no handle and no release to key on: each
@@ -476,6 +580,7 @@ pub struct ErofsFs<S: Source + 'static> {
     shared: Arc<Shared<S>>,
     record: Option<Arc<Recorder>>,
     prefetch: Option<SyncSender<Job>>,
+    dir_ahead: DirAhead,
     streams: Streams,
     default_permissions: bool,
 }
@@ -504,6 +609,7 @@ impl<S: Source + 'static> ErofsFs<S> {
             record,
             prefetch,
             streams: Streams::default(),
+            dir_ahead: DirAhead::default(),
             default_permissions: o.default_permissions,
         })
     }
@@ -536,6 +642,9 @@ impl<S: Source + 'static> ErofsFs<S> {
                 (b".", nid, 2)
             } else {
                 let e = ents.get(i - dot).ok_or(libc_errno::EIO)?;
+                if e.file_type == 1 {
+                    self.dir_ahead.listed(nid, i - dot, e.nid);
+                }
                 (&e.name, e.nid, e.file_type)
             };
             if add(nid, (i + 1) as u64, name, enid, ft)? {
@@ -552,7 +661,8 @@ impl<S: Source + 'static> ErofsFs<S> {
         Ok(self.shared.attr(&ino, self.shared.node_of(nid)))
     }
 
-    fn do_read(&self, node: u64, off: u64, size: u32) -> Result<Vec<u8>, i32> {
+    /// Read into `buf` (grown as needed); returns how many bytes of it are the reply.
+    fn do_read(&self, node: u64, off: u64, size: u32, buf: &mut Vec<u8>) -> Result<usize, i32> {
         let sh = &self.shared;
         let nid = sh.nid_of(node);
         let ino = sh.inode(nid)?;
@@ -560,10 +670,14 @@ impl<S: Source + 'static> ErofsFs<S> {
             return Err(21); // EISDIR
         }
         if off >= ino.size {
-            return Ok(Vec::new());
+            return Ok(0);
         }
         let n = u64::from(size.min(MAX_READ)).min(ino.size - off);
-        let mut buf = vec![0u8; to_idx(n)?];
+        let len = to_idx(n)?;
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        let buf = buf.get_mut(..len).ok_or(libc_errno::EIO)?;
         if let Some(r) = &self.record {
             if ino.is_regular() {
                 r.read(nid);
@@ -572,9 +686,14 @@ impl<S: Source + 'static> ErofsFs<S> {
         let end = off + n;
         let sequential = self.streams.sequential(node, off, end);
         if sequential {
-            sh.read_into(&ino, off, &mut buf)?;
+            sh.read_into(&ino, off, buf)?;
         } else {
-            source::random_reads(|| sh.read_into(&ino, off, &mut buf))?;
+            source::random_reads(|| sh.read_into(&ino, off, buf))?;
+        }
+        if off == 0 && end == ino.size && ino.is_regular() {
+            if let (Some(tx), Some(job)) = (&self.prefetch, self.dir_ahead.read_whole(nid)) {
+                let _ = tx.try_send(job);
+            }
         }
         if ino.layout.is_compressed() && end < ino.size && sequential {
             if let Some(tx) = &self.prefetch {
@@ -586,12 +705,16 @@ impl<S: Source + 'static> ErofsFs<S> {
                         && s.end - s.start >= PREFETCH_MIN_EXTENT
                         && !sh.cache.present(Key::Data(nid, s.start))
                     {
-                        let _ = tx.try_send((nid, end, end.saturating_add(PREFETCH_BYTES.max(n))));
+                        let _ = tx.try_send(Job::Extents(
+                            nid,
+                            end,
+                            end.saturating_add(PREFETCH_BYTES.max(n)),
+                        ));
                     }
                 }
             }
         }
-        Ok(buf)
+        Ok(len)
     }
 }
 
@@ -602,8 +725,11 @@ fn prefetch_loop<S: Source>(sh: &Shared<S>, rx: &Mutex<Receiver<Job>>) {
             Ok(g) => g.recv(),
             Err(_) => return,
         };
-        let Ok((nid, from, to)) = job else { return };
-        let _ = catch_unwind(AssertUnwindSafe(|| sh.prefetch(nid, from, to)));
+        let Ok(job) = job else { return };
+        let _ = catch_unwind(AssertUnwindSafe(|| match job {
+            Job::Extents(nid, from, to) => sh.prefetch(nid, from, to),
+            Job::Files { dir, from, to } => sh.prefetch_files(dir, from, to),
+        }));
     }
 }
 
@@ -699,10 +825,26 @@ impl<S: Source + 'static> Filesystem for ErofsFs<S> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match guarded(|| self.do_read(ino.0, offset, size)) {
-            Ok(b) => reply.data(&b),
-            Err(e) => reply.error(e),
-        }
+        // Fails only when the thread is exiting: the reply is then dropped, which
+        // answers EIO.
+        let _ = REPLY.try_with(|cell| {
+            let mut fresh = Vec::new();
+            let mut held = cell.try_borrow_mut();
+            let buf = match held.as_mut() {
+                Ok(b) => &mut **b,
+                Err(_) => &mut fresh,
+            };
+            match guarded(|| self.do_read(ino.0, offset, size, buf)) {
+                Ok(n) => match buf.get(..n) {
+                    Some(b) => reply.data(b),
+                    None => reply.error(Errno::EIO),
+                },
+                Err(e) => reply.error(e),
+            }
+            if buf.capacity() > REPLY_KEEP {
+                *buf = Vec::new();
+            }
+        });
     }
 
     fn release(
@@ -1046,6 +1188,50 @@ fn xattr_reply(reply: ReplyXattr, size: u32, v: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn files(j: Option<Job>) -> Option<(u64, usize, usize)> {
+        match j {
+            Some(Job::Files { dir, from, to }) => Some((dir, from, to)),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn directory_read_ahead_asks_ahead_of_the_reader_once() {
+        let d = DirAhead::default();
+        for i in 0..40 {
+            d.listed(7, i, 100 + i as u64);
+        }
+        // Unlisted file: nothing.
+        assert!(files(d.read_whole(99)).is_none());
+        // First file read: the next AHEAD_FILES.
+        assert_eq!(files(d.read_whole(100)), Some((7, 1, 1 + AHEAD_FILES)));
+        // Still well inside what was asked for: nothing new.
+        assert!(files(d.read_whole(101)).is_none());
+        assert!(files(d.read_whole(103)).is_none());
+        // Halfway: the next window, from where the last one ended.
+        let at = AHEAD_FILES / 2;
+        assert_eq!(
+            files(d.read_whole(100 + at as u64)),
+            Some((7, 1 + AHEAD_FILES, at + 1 + AHEAD_FILES))
+        );
+        // A reader jumping back to the start asks for nothing already asked for.
+        assert!(files(d.read_whole(100)).is_none());
+    }
+
+    #[test]
+    fn sequential_detection_is_per_node_and_bounded() {
+        let s = Streams::default();
+        assert!(s.sequential(3, 0, 4096));
+        assert!(s.sequential(3, 4096, 8192));
+        assert!(!s.sequential(3, 65536, 69632));
+        assert!(!s.sequential(4, 4096, 8192));
+        for n in 0..10_000u64 {
+            s.sequential(n * 16, 0, 1);
+        }
+        let held: usize = s.shards.iter().map(|m| m.lock().map_or(0, |g| g.len())).sum();
+        assert!(held <= 16 * STREAMS_PER_SHARD, "{held}");
+    }
 
     #[test]
     fn inode_numbers_round_trip() {

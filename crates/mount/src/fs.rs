@@ -1229,7 +1229,11 @@ mod tests {
         for n in 0..10_000u64 {
             s.sequential(n * 16, 0, 1);
         }
-        let held: usize = s.shards.iter().map(|m| m.lock().map_or(0, |g| g.len())).sum();
+        let held: usize = s
+            .shards
+            .iter()
+            .map(|m| m.lock().map_or(0, |g| g.len()))
+            .sum();
         assert!(held <= 16 * STREAMS_PER_SHARD, "{held}");
     }
 

@@ -12,10 +12,11 @@
 
 use crate::fmt::{bytes_display, type_name};
 use crate::list::open;
+use crate::source::Image;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use ferofs_format::inode::*;
-use ferofs_reader::{Image, Inode, ReadCtx};
+use ferofs_reader::{Inode, ReadCtx};
 use rayon::prelude::*;
 use serde_json::{json, Value};
 use std::cmp::Ordering;

@@ -10,10 +10,11 @@
 
 use crate::fmt::bytes_display;
 use crate::list::open;
+use crate::source::Image;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use ferofs_format::inode::*;
-use ferofs_reader::{Image, Inode, ReadCtx};
+use ferofs_reader::{Inode, ReadCtx};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::ffi::OsStr;

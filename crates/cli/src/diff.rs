@@ -81,6 +81,9 @@ enum Tree {
 
 impl Tree {
     fn open(p: &Path) -> Result<Tree> {
+        if crate::source::is_url(p) {
+            return Ok(Tree::Image(Box::new(open(p)?)));
+        }
         let m = fs::metadata(p).with_context(|| format!("cannot open {}", p.display()))?;
         Ok(if m.is_dir() {
             Tree::Dir(p.to_path_buf())

@@ -124,6 +124,7 @@ fn open_and_mount(o: &ferofs_mount::Options) -> Result<ferofs_mount::Mounted> {
         let url = o.image.to_string_lossy();
         let r =
             crate::source::open_remote(&url).with_context(|| format!("cannot open image {url}"))?;
+        crate::source::prefetch_metadata(&r);
         return Ok(ferofs_mount::mount_source(
             o,
             ferofs_mount::ImageSource::Shared(r),

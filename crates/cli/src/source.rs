@@ -171,3 +171,34 @@ pub fn print_stats() {
         }
     }
 }
+
+/// Most bytes [`prefetch_metadata`] fetches ahead.
+const METADATA_PREFETCH_MAX: u64 = 16 << 20;
+
+/// Fetch the metadata region of an image ahead, in the background: in images ferofs
+/// builds, the inodes, shared xattrs, directory and symlink blocks lie together at the
+/// end (from the superblock's `meta_blkaddr` to its block count), so a mount's lookups
+/// and listings are served from memory after a few large requests instead of a round
+/// trip each. Skipped when that region is large (other builders interleave metadata
+/// with data: then the region is most of the image).
+pub fn prefetch_metadata(r: &Arc<Remote>) {
+    let Ok(img) = ferofs_reader::Image::new(r.clone()) else {
+        return;
+    };
+    let sb = img.superblock();
+    let bs = u64::from(img.block_size());
+    let (_, blocks) = sb.root_nid_and_blocks();
+    let start = u64::from(sb.meta_blkaddr).saturating_mul(bs);
+    let end = blocks.saturating_mul(bs);
+    if start == 0 || end <= start || end - start > METADATA_PREFETCH_MAX {
+        return;
+    }
+    let r = r.clone();
+    let _ = std::thread::Builder::new()
+        .name("ferofs-prefetch".into())
+        .spawn(move || {
+            // Best effort: a failure here is met again (and reported) by the read that
+            // needs the block.
+            let _ = r.prefetch(start, end);
+        });
+}

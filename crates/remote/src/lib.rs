@@ -390,6 +390,24 @@ impl Remote {
         }
     }
 
+    /// Fetch bytes `start..end` ahead of need (into memory and the disk cache), in
+    /// requests of at most [`RemoteOptions::max_request`], in parallel; at most a
+    /// quarter of the memory budget. Readers of these blocks meanwhile wait for them
+    /// instead of fetching them again.
+    pub fn prefetch(&self, start: u64, end: u64) -> io::Result<()> {
+        let end = end.min(self.size).min(
+            self.verity
+                .as_ref()
+                .map_or(u64::MAX, verity::Verity::data_end),
+        );
+        let end = end.min(start.saturating_add(self.o.memory_bytes / 4));
+        if start >= end {
+            return Ok(());
+        }
+        let bs = self.o.block_size;
+        self.blocks(start / bs..=(end - 1) / bs, 0).map(drop)
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -183,20 +183,22 @@ fn store_err(url: &str, e: object_store::Error) -> io::Error {
     }
 }
 
+fn check_block_size(b: u64) -> io::Result<()> {
+    if b.is_power_of_two() && (4096..=16 << 20).contains(&b) {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("block size {b}: a power of two from 4 KiB to 16 MiB"),
+    ))
+}
+
 impl Remote {
     /// Open `url` (`http(s)://host/path`, `s3://bucket/key`): one HEAD request for the
     /// size and ETag.
     pub fn open(url: &str, o: &RemoteOptions) -> io::Result<Remote> {
         let mut o = o.clone();
-        if !o.block_size.is_power_of_two() || !(4096..=16 << 20).contains(&o.block_size) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "block size {}: a power of two from 4 KiB to 16 MiB",
-                    o.block_size
-                ),
-            ));
-        }
+        check_block_size(o.block_size)?;
         o.parallel = o.parallel.clamp(1, 64);
         o.max_request = o.max_request.max(o.block_size);
         let parsed = url::Url::parse(url)
@@ -268,6 +270,22 @@ impl Remote {
         if path.as_ref().is_empty() {
             return Err(bad("no object path"));
         }
+        Self::with_store(url, store, path, &o)
+    }
+
+    /// A [`Remote`] over any object store (`name` is the URL errors show).
+    pub fn with_store(
+        name: &str,
+        store: Arc<dyn ObjectStore>,
+        path: ObjPath,
+        o: &RemoteOptions,
+    ) -> io::Result<Remote> {
+        let url = name;
+        let mut o = o.clone();
+        check_block_size(o.block_size)?;
+        o.parallel = o.parallel.clamp(1, 64);
+        o.max_request = o.max_request.max(o.block_size);
+        let timeout = o.timeout.max(Duration::from_millis(100));
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("ferofs-remote")
@@ -419,8 +437,9 @@ impl Remote {
 
     fn insert(&self, st: &mut State, index: u64, data: Bytes) {
         let len = data.len() as u64;
-        if st.blocks.insert(index, (data, false)).is_none() {
-            st.order.push_back(index);
+        match st.blocks.insert(index, (data, false)) {
+            Some((old, _)) => st.bytes -= old.len() as u64,
+            None => st.order.push_back(index),
         }
         st.bytes += len;
         // CLOCK: a block used since it was last passed gets another round.
@@ -765,6 +784,159 @@ mod tests {
         assert_eq!(e.map(|e| e.kind()), Some(io::ErrorKind::InvalidInput));
         let e = Remote::open("http://h/", &RemoteOptions::default()).err();
         assert_eq!(e.map(|e| e.kind()), Some(io::ErrorKind::InvalidInput));
+    }
+
+    use object_store::memory::InMemory;
+    use object_store::PutPayload;
+
+    fn pseudo(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    fn store_with(data: &[u8]) -> (Arc<InMemory>, ObjPath) {
+        let s = Arc::new(InMemory::new());
+        let p = ObjPath::from("img.erofs");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        rt.block_on(s.put(&p, PutPayload::from(data.to_vec())))
+            .expect("put");
+        (s, p)
+    }
+
+    fn small() -> RemoteOptions {
+        RemoteOptions {
+            block_size: 4096,
+            memory_bytes: 64 << 10,
+            readahead: 16 << 10,
+            max_request: 32 << 10,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn reads_coalesce_and_memory_is_bounded() -> io::Result<()> {
+        let data = pseudo(1 << 20, 1);
+        let (s, p) = store_with(&data);
+        let r = Remote::with_store("mem", s, p, &small())?;
+        // 10 blocks in one read: one request for them (max_request 8 blocks: two).
+        let mut b = vec![0u8; 10 * 4096];
+        r.read_exact_at(&mut b, 8192)?;
+        assert_eq!(b, data[8192..8192 + 10 * 4096]);
+        assert_eq!(r.stats().requests, 2);
+        assert_eq!(r.stats().bytes_fetched, 10 * 4096);
+        // Again: from memory.
+        r.read_exact_at(&mut b, 8192)?;
+        assert_eq!(r.stats().requests, 2);
+        // Past the end: UnexpectedEof, no request.
+        let e = r.read_exact_at(&mut b, (1 << 20) - 100).err();
+        assert_eq!(e.map(|e| e.kind()), Some(io::ErrorKind::UnexpectedEof));
+        // Random reads from 4 threads: right bytes, memory within the budget.
+        std::thread::scope(|sc| {
+            for t in 0..4u64 {
+                let (r, data) = (&r, &data);
+                sc.spawn(move || {
+                    let mut x = t + 7;
+                    for _ in 0..300 {
+                        x = x
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        let len = (x >> 40) as usize % 20000 + 1;
+                        let off = (x >> 8) as usize % (data.len() - len);
+                        let mut b = vec![0u8; len];
+                        r.read_exact_at(&mut b, off as u64).expect("read");
+                        assert_eq!(b, data[off..off + len]);
+                    }
+                });
+            }
+        });
+        let st = r.lock();
+        assert!(st.bytes <= 64 << 10, "{}", st.bytes);
+        assert_eq!(
+            st.bytes,
+            st.blocks.values().map(|b| b.0.len() as u64).sum::<u64>()
+        );
+        assert!(st.inflight.is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn sequential_reads_fetch_ahead() -> io::Result<()> {
+        let data = pseudo(256 << 10, 2);
+        let (s, p) = store_with(&data);
+        let r = Remote::with_store("mem", s, p, &small())?;
+        let mut b = vec![0u8; 4096];
+        for i in 0..32u64 {
+            r.read_exact_at(&mut b, i * 4096)?;
+            assert_eq!(b, data[(i * 4096) as usize..][..4096]);
+        }
+        // 32 blocks: the first alone (not a continuation), then each miss brings 4
+        // read-ahead blocks with it: blocks 1-5, 6-10, ..., 31-35.
+        assert_eq!(r.stats().requests, 8);
+        assert_eq!(r.stats().bytes_fetched, 36 * 4096);
+        Ok(())
+    }
+
+    #[test]
+    fn replaced_object_is_an_error_not_new_bytes() -> io::Result<()> {
+        let data = pseudo(64 << 10, 3);
+        let (s, p) = store_with(&data);
+        let r = Remote::with_store("mem", s.clone(), p.clone(), &small())?;
+        let mut b = vec![0u8; 4096];
+        r.read_exact_at(&mut b, 0)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        rt.block_on(s.put(&p, PutPayload::from(pseudo(64 << 10, 4))))
+            .expect("put");
+        // Fetched before: still the old bytes. Not fetched yet: an error.
+        r.read_exact_at(&mut b, 0)?;
+        assert_eq!(b, data[..4096]);
+        let e = r
+            .read_exact_at(&mut b, 32 << 10)
+            .expect_err("changed object");
+        assert!(e.to_string().contains("changed since it was opened"), "{e}");
+        Ok(())
+    }
+
+    #[test]
+    fn disk_cache_serves_a_second_open() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let data = pseudo(100_000, 5);
+        let (s, p) = store_with(&data);
+        let o = RemoteOptions {
+            cache_dir: Some(dir.path().to_path_buf()),
+            ..small()
+        };
+        let mut b = vec![0u8; 100_000];
+        let r = Remote::with_store("mem", s.clone(), p.clone(), &o)?;
+        r.read_exact_at(&mut b, 0)?;
+        assert!(r.stats().requests > 0);
+        let r2 = Remote::with_store("mem", s.clone(), p.clone(), &o)?;
+        r2.read_exact_at(&mut b, 0)?;
+        assert_eq!(b, data);
+        assert_eq!(r2.stats().requests, 0);
+        assert_eq!(r2.stats().disk_hits, 25);
+        // Another version of the object: another key, fetched anew.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let new = pseudo(100_000, 6);
+        rt.block_on(s.put(&p, PutPayload::from(new.clone())))
+            .expect("put");
+        let r3 = Remote::with_store("mem", s, p, &o)?;
+        r3.read_exact_at(&mut b, 0)?;
+        assert_eq!(b, new);
+        assert_eq!(r3.stats().disk_hits, 0);
+        Ok(())
     }
 
     #[test]

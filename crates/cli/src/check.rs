@@ -28,6 +28,7 @@ pub const MAX_PROBLEMS: usize = 100_000;
 
 #[derive(Args)]
 pub struct CheckArgs {
+    /// The image: a file or a URL (http://, https://, s3://bucket/key).
     pub image: PathBuf,
     /// Print every path as it is checked (to standard error).
     #[arg(short, long)]

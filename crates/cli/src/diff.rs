@@ -29,9 +29,9 @@ use std::path::{Path, PathBuf};
 
 #[derive(Args)]
 pub struct DiffArgs {
-    /// First tree: an EROFS image or a directory.
+    /// First tree: an EROFS image (a file or a URL) or a directory.
     a: PathBuf,
-    /// Second tree: an EROFS image or a directory.
+    /// Second tree: an EROFS image (a file or a URL) or a directory.
     b: PathBuf,
     /// Print one JSON object per difference, one per line (JSON Lines).
     #[arg(long)]

@@ -40,7 +40,7 @@ pub enum Compression {
 
 #[derive(Args)]
 pub struct ExportArgs {
-    /// The image.
+    /// The image: a file or a URL (http://, https://, s3://bucket/key).
     image: PathBuf,
     /// Output tar: `OUT.tar`, `OUT.tar.gz`/`.tgz`, `OUT.tar.zst`/`.tzst`, or `-` for
     /// standard output.

@@ -26,7 +26,7 @@ use xattr::FileExt as _;
 
 #[derive(Args)]
 pub struct ExtractArgs {
-    /// The image.
+    /// The image: a file or a URL (http://, https://, s3://bucket/key).
     image: PathBuf,
     /// Output directory (created if missing; must be empty if it exists).
     out: PathBuf,

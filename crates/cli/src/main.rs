@@ -45,6 +45,7 @@ enum Cmd {
     Build(Box<build::BuildArgs>),
     /// List a directory of an image (like `ls -l`).
     Ls {
+        /// The image: a file or a URL (http://, https://, s3://bucket/key).
         image: PathBuf,
         /// Path inside the image (default: the root).
         #[arg(default_value = "/")]
@@ -57,9 +58,14 @@ enum Cmd {
         all: bool,
     },
     /// Print one file of an image to standard output.
-    Cat { image: PathBuf, path: String },
+    Cat {
+        /// The image: a file or a URL (http://, https://, s3://bucket/key).
+        image: PathBuf,
+        path: String,
+    },
     /// Show an inode: type, mode, owner, times, xattrs and data layout.
     Stat {
+        /// The image: a file or a URL (http://, https://, s3://bucket/key).
         image: PathBuf,
         path: String,
         #[arg(long)]
@@ -81,6 +87,7 @@ enum Cmd {
     Mount(mount::MountArgs),
     /// Show the superblock, features, counts and sizes.
     Inspect {
+        /// The image: a file or a URL (http://, https://, s3://bucket/key).
         image: PathBuf,
         #[arg(long)]
         json: bool,

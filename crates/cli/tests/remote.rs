@@ -12,6 +12,7 @@ mod common;
 use common::*;
 use ferofs_testkit::run as sh;
 use ferofs_testkit::*;
+use std::collections::BTreeMap;
 use std::fs;
 use std::net::TcpListener;
 use std::os::unix::fs::FileExt;
@@ -247,24 +248,53 @@ fn fetch_stats(stderr: &str) -> (u64, u64, u64) {
     (nums[n - 3], nums[n - 2], nums[n - 1])
 }
 
-/// make-tree's tree and images of it (built once per test process).
+/// What the tests need of make-tree's tree, made once per test process and kept in
+/// memory (the tmpfs and the scratch directory are gone when `images` returns: a
+/// static is never dropped): the tree's digest, a few of its files, the images.
 struct Images {
-    _fs: Tmpfs,
-    tree: PathBuf,
-    dir: tempfile::TempDir,
+    digest: String,
+    files: BTreeMap<&'static str, Vec<u8>>,
+    images: BTreeMap<&'static str, Vec<u8>>,
+    /// `build --verity` of the tree (`-z none`): what it printed.
+    verity_out: String,
 }
+
+const FILES: [&str; 5] = [
+    "files/hundred-bytes.txt",
+    "files/size-1024.txt",
+    "files/size-4096.txt",
+    "data/random-2MiB.bin",
+    "files/size-65536.txt",
+];
 
 fn images() -> &'static Images {
     static I: OnceLock<Images> = OnceLock::new();
     I.get_or_init(|| {
-        let (fs, tree) = make_tree();
+        let (_fs, tree) = make_tree();
         let dir = scratch("remote-img");
+        let mut images = BTreeMap::new();
         for (name, opts) in OPTIONS {
-            build(&tree, &dir.path().join(name), opts);
+            let p = dir.path().join(name);
+            build(&tree, &p, opts);
+            images.insert(name, fs::read(&p).expect("read image"));
         }
-        Images { _fs: fs, tree, dir }
+        let v = dir.path().join(VERITY);
+        let r = common::run(&[&"build", &"-q", &"-z", &"none", &"--verity", &tree, &v]);
+        assert!(r.status.success(), "{r:?}");
+        images.insert(VERITY, fs::read(&v).expect("read image"));
+        Images {
+            digest: digest(&tree),
+            files: FILES
+                .iter()
+                .map(|f| (*f, fs::read(tree.join(f)).expect("read")))
+                .collect(),
+            images,
+            verity_out: String::from_utf8_lossy(&r.stdout).into_owned(),
+        }
     })
 }
+
+const VERITY: &str = "verity.erofs";
 
 const OPTIONS: [(&str, &[&str]); 3] = [
     ("plain.erofs", &["-z", "none"]),
@@ -276,6 +306,24 @@ const OPTIONS: [(&str, &[&str]); 3] = [
 ];
 
 impl Images {
+    fn file(&self, path: &str) -> &[u8] {
+        self.files.get(path).map_or(&[], |v| v)
+    }
+    /// The images, written into a scratch directory of the caller's.
+    fn local(&self) -> Local {
+        let dir = scratch("remote-img");
+        for (name, b) in &self.images {
+            fs::write(dir.path().join(name), b).expect("write image");
+        }
+        Local { dir }
+    }
+}
+
+struct Local {
+    dir: tempfile::TempDir,
+}
+
+impl Local {
     fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
@@ -335,7 +383,7 @@ fn same_as_local(local: &Path, url: &str, s3: Option<&Server>, what: &str) {
     let out = scratch("remote-x");
     let x = out.path().join("x");
     good(cmd(s3), &[&"extract", &url, &x]);
-    assert_same_tree(&images().tree, &x);
+    assert_eq!(digest(&x), images().digest, "{what}: extract of {url}");
     // diff of the file and the URL: equal (exit 0).
     good(cmd(s3), &[&"diff", &local, &url]);
 }
@@ -345,7 +393,7 @@ fn http_commands_match_local() {
     if !available("http_commands_match_local") {
         return;
     }
-    let im = images();
+    let im = images().local();
     let ng = nginx();
     for (name, _) in OPTIONS {
         fs::copy(im.path(name), ng.www(name)).expect("copy");
@@ -358,7 +406,7 @@ fn s3_commands_match_local() {
     if !available("s3_commands_match_local") {
         return;
     }
-    let im = images();
+    let im = images().local();
     let m = moto();
     for (name, _) in OPTIONS {
         m.put(name, &im.path(name));
@@ -382,10 +430,7 @@ fn s3_commands_match_local() {
             &"/files/hundred-bytes.txt",
         ],
     );
-    assert_eq!(
-        o,
-        fs::read(im.tree.join("files/hundred-bytes.txt")).expect("read")
-    );
+    assert_eq!(o, images().file("files/hundred-bytes.txt"));
     // A key that is not there: a clear error, exit 1.
     let out = output(
         cmd(Some(&m)),
@@ -405,9 +450,8 @@ fn small_cat_and_cache(
     image: &Path,
     block: &str,
 ) {
-    let im = images();
     let size = fs::metadata(image).expect("image").len();
-    let want = fs::read(im.tree.join("files/size-4096.txt")).expect("read");
+    let want = images().file("files/size-4096.txt");
     let cache = scratch("remote-cache");
     let gets0 = log.map(|s| s.gets());
     let (o, err) = good(
@@ -447,7 +491,7 @@ fn small_cat_and_cache(
         &"/data/random-2MiB.bin",
         &"--cache-size=64m",
     ];
-    let want2 = fs::read(im.tree.join("data/random-2MiB.bin")).expect("read");
+    let want2 = images().file("data/random-2MiB.bin");
     let (o, err) = good(cmd(s3), &args);
     assert_eq!(o, want2);
     assert!(fetch_stats(&err).0 > 0, "{err}");
@@ -471,7 +515,7 @@ fn http_small_cat_and_cache() {
     if !available("http_small_cat_and_cache") {
         return;
     }
-    let im = images();
+    let im = images().local();
     let ng = nginx();
     // The zstd image is 5 MiB: finer blocks for it.
     for (name, block) in [("plain.erofs", "128k"), ("zstd.erofs", "16k")] {
@@ -485,7 +529,7 @@ fn s3_small_cat_and_cache() {
     if !available("s3_small_cat_and_cache") {
         return;
     }
-    let im = images();
+    let im = images().local();
     let m = moto();
     for (name, block) in [("plain.erofs", "128k"), ("zstd.erofs", "16k")] {
         m.put(name, &im.path(name));
@@ -542,13 +586,9 @@ fn mount_equals_kernel(url: &str, s3: Option<&Server>, image: &Path) {
 /// A file of the mount read after the object was replaced: EIO (not bytes of the new
 /// object, not the old one's).
 fn replaced_gives_eio(f: &Fuse, replace: &dyn Fn()) {
-    let im = images();
     // Read one file: the mount works.
     let first = fs::read(f.path().join("files/size-1024.txt")).expect("read before");
-    assert_eq!(
-        first,
-        fs::read(im.tree.join("files/size-1024.txt")).expect("read")
-    );
+    assert_eq!(first, images().file("files/size-1024.txt"));
     // Opened (looked up) before, read after: its data was never fetched.
     let p = f.path().join("data/random-2MiB.bin");
     let file = fs::File::open(&p).expect("open");
@@ -576,7 +616,7 @@ fn http_mount() {
     if !available("http_mount") {
         return;
     }
-    let im = images();
+    let im = images().local();
     let ng = nginx();
     for name in ["plain.erofs", "lz4hc.erofs"] {
         fs::copy(im.path(name), ng.www(name)).expect("copy");
@@ -608,7 +648,7 @@ fn s3_mount() {
     if !available("s3_mount") {
         return;
     }
-    let im = images();
+    let im = images().local();
     let m = moto();
     for name in ["plain.erofs", "zstd.erofs"] {
         m.put(name, &im.path(name));
@@ -632,7 +672,7 @@ fn server_gone_or_stalled_is_a_prompt_error() {
     if !available("server_gone_or_stalled_is_a_prompt_error") {
         return;
     }
-    let im = images();
+    let im = images().local();
     let mut ng = nginx();
     let name = "plain.erofs";
     fs::copy(im.path(name), ng.www(name)).expect("copy");
@@ -695,12 +735,10 @@ fn http_verity_checks_fetched_blocks() {
     if !available("http_verity_checks_fetched_blocks") {
         return;
     }
-    let im = images();
     let ng = nginx();
     let img = ng.www("v.erofs");
-    let r = common::run(&[&"build", &"-q", &"-z", &"none", &"--verity", &im.tree, &img]);
-    assert!(r.status.success(), "{r:?}");
-    let out = String::from_utf8_lossy(&r.stdout).into_owned();
+    fs::write(&img, &images().images[VERITY]).expect("write");
+    let out = &images().verity_out;
     let root = out
         .lines()
         .find_map(|l| l.strip_prefix("root hash "))
@@ -725,10 +763,7 @@ fn http_verity_checks_fetched_blocks() {
             &"/files/size-4096.txt",
         ],
     );
-    assert_eq!(
-        o,
-        fs::read(im.tree.join("files/size-4096.txt")).expect("read")
-    );
+    assert_eq!(o, images().file("files/size-4096.txt"));
     // A wrong root hash: refused at open.
     let mut wrong = root.clone().into_bytes();
     wrong[0] = if wrong[0] == b'0' { b'1' } else { b'0' };

@@ -89,7 +89,12 @@ fn tree_offset(hash_offset: u64) -> u64 {
 
 /// Level-0 hash block `k` as it should be: the digests of data blocks `k * 128 ..`,
 /// then zeros.
-fn level0_block(file: &File, salt: &[u8], t: &TreeLayout, k: u64) -> io::Result<Vec<u8>> {
+fn level0_block<S: ferofs_reader::Source + ?Sized>(
+    file: &S,
+    salt: &[u8],
+    t: &TreeLayout,
+    k: u64,
+) -> io::Result<Vec<u8>> {
     let first = k * t.per_block;
     let n = t.per_block.min(t.data_blocks - first);
     let mut data = vec![0u8; (n * BLOCK) as usize];
@@ -244,7 +249,10 @@ impl VerifyReport {
 
 /// The verity superblock at `hash_offset`, checked to be one this module writes and
 /// reads (sha256, 4096-byte blocks, format 1, data before the hash area).
-pub fn read_sb(file: &File, hash_offset: u64) -> Result<VeritySb, String> {
+pub fn read_sb<S: ferofs_reader::Source + ?Sized>(
+    file: &S,
+    hash_offset: u64,
+) -> Result<VeritySb, String> {
     let mut b = [0u8; SB_SIZE];
     file.read_exact_at(&mut b, hash_offset)
         .map_err(|e| format!("no verity superblock at byte {hash_offset}: {e}"))?;
@@ -281,8 +289,8 @@ pub fn read_sb(file: &File, hash_offset: u64) -> Result<VeritySb, String> {
 /// Check every data block of `file` against the tree whose superblock is at
 /// `hash_offset`, and the tree against `root`. Err when there is no usable superblock
 /// or the file cannot be read; mismatches (at most `max` kept) are the report's.
-pub fn verify(
-    file: &File,
+pub fn verify<S: ferofs_reader::Source + ?Sized>(
+    file: &S,
     hash_offset: u64,
     root: &[u8],
     max: usize,
@@ -291,10 +299,7 @@ pub fn verify(
     let salt = sb.salt.clone();
     let t = layout(sb.data_blocks).map_err(|e| e.to_string())?;
     let tree_at = tree_offset(hash_offset);
-    let file_len = file
-        .metadata()
-        .map_err(|e| format!("image size: {e}"))?
-        .len();
+    let file_len = file.size().map_err(|e| format!("image size: {e}"))?;
     let tree_end = tree_at + t.total_blocks() * BLOCK;
     if file_len < tree_end {
         return Err(format!(

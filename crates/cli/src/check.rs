@@ -11,11 +11,12 @@
 //! inodes (identical ranges are allowed sharing: whole-file and pcluster dedupe).
 
 use crate::fmt::bytes_display;
+use crate::source::Image;
 use anyhow::Result;
 use clap::Args;
 use ferofs_format::dirent::{file_type_of_mode, FT_DIR};
 use ferofs_format::sb::INCOMPAT_FRAGMENTS;
-use ferofs_reader::{CorruptKind, Error, Image, Inode, ReadCtx};
+use ferofs_reader::{CorruptKind, Error, Inode, ReadCtx, Source};
 use rayon::prelude::*;
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
@@ -27,6 +28,7 @@ pub const MAX_PROBLEMS: usize = 100_000;
 
 #[derive(Args)]
 pub struct CheckArgs {
+    /// The image: a file or a URL (http://, https://, s3://bucket/key).
     pub image: PathBuf,
     /// Print every path as it is checked (to standard error).
     #[arg(short, long)]
@@ -231,10 +233,16 @@ fn join(dir: &str, name: &[u8]) -> String {
 
 /// Open for checking: a bad superblock checksum is a problem, not the end.
 pub fn open_for_check(path: &std::path::Path) -> Result<(Image, Vec<Problem>), Error> {
-    match Image::open(path) {
+    let src = |path| {
+        crate::source::open_src(path).map_err(|e| Error::Io {
+            offset: 0,
+            source: std::io::Error::other(format!("{e:#}")),
+        })
+    };
+    match Image::new(src(path)?) {
         Ok(img) => Ok((img, vec![])),
         Err(e) if e.corrupt_kind() == Some(CorruptKind::BadChecksum) => {
-            let f = std::fs::File::open(path).map_err(|source| Error::Io { offset: 0, source })?;
+            let f = src(path)?;
             let img = Image::new_ignoring_checksum(f)?;
             let mut p = Problem::from_error(&[], 0, &e, "superblock");
             p.nid = None;
@@ -242,14 +250,12 @@ pub fn open_for_check(path: &std::path::Path) -> Result<(Image, Vec<Problem>), E
             // The checksum the superblock should hold.
             let n = ferofs_format::sb::checksum_len(img.block_size());
             let mut region = vec![0u8; n];
-            if let Ok(mut f) = std::fs::File::open(path) {
-                use std::io::{Read, Seek, SeekFrom};
-                if f.seek(SeekFrom::Start(ferofs_format::sb::SB_OFFSET))
-                    .is_ok()
-                    && f.read_exact(&mut region).is_ok()
-                {
-                    p.expected = Some(u64::from(ferofs_format::sb::compute_checksum(&region)));
-                }
+            if img
+                .source()
+                .read_exact_at(&mut region, ferofs_format::sb::SB_OFFSET)
+                .is_ok()
+            {
+                p.expected = Some(u64::from(ferofs_format::sb::compute_checksum(&region)));
             }
             Ok((img, vec![p]))
         }
@@ -803,10 +809,8 @@ struct VerityCheck {
 /// Where `build --verity` put the verity superblock: the end of the EROFS image (its
 /// superblock's block count), rounded up to 4096. Read raw, so a damaged image still
 /// gets its tree checked.
-fn verity_offset(path: &std::path::Path) -> Result<u64> {
+fn verity_offset(f: &crate::source::Src) -> Result<u64> {
     use ferofs_format::sb::{Superblock, MAGIC, SB_MAX_SIZE, SB_OFFSET};
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::File::open(path)?;
     let mut b = [0u8; SB_MAX_SIZE];
     f.read_exact_at(&mut b, SB_OFFSET)
         .map_err(|e| anyhow::anyhow!("reading the superblock: {e}"))?;
@@ -828,11 +832,11 @@ fn verity_check(a: &CheckArgs, root: &str) -> Result<VerityCheck> {
             2 * root.len()
         );
     }
+    let f = crate::source::open_src(&a.image)?;
     let hash_offset = match a.verity_hash_offset {
         Some(o) => o,
-        None => verity_offset(&a.image)?,
+        None => verity_offset(&f)?,
     };
-    let f = std::fs::File::open(&a.image)?;
     let report = ferofs_builder::verity::verify(&f, hash_offset, &root, MAX_PROBLEMS)
         .map_err(|e| anyhow::anyhow!("--verity: {e}"))?;
     Ok(VerityCheck {
@@ -944,7 +948,7 @@ pub fn run(a: CheckArgs) -> Result<bool> {
             anyhow::bail!("cannot open image {}: {e}", a.image.display());
         }
     };
-    let image_len = std::fs::metadata(&a.image)?.len();
+    let image_len = img.source().size()?;
     let rep = check_image(&img, image_len, a.verbose, &bad_blocks);
     if let Some(v) = &verity {
         problems.extend(verity_problems(v, &rep.watched));

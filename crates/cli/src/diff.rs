@@ -12,10 +12,11 @@
 
 use crate::fmt::{bytes_display, type_name};
 use crate::list::open;
+use crate::source::Image;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use ferofs_format::inode::*;
-use ferofs_reader::{Image, Inode, ReadCtx};
+use ferofs_reader::{Inode, ReadCtx};
 use rayon::prelude::*;
 use serde_json::{json, Value};
 use std::cmp::Ordering;
@@ -28,9 +29,9 @@ use std::path::{Path, PathBuf};
 
 #[derive(Args)]
 pub struct DiffArgs {
-    /// First tree: an EROFS image or a directory.
+    /// First tree: an EROFS image (a file or a URL) or a directory.
     a: PathBuf,
-    /// Second tree: an EROFS image or a directory.
+    /// Second tree: an EROFS image (a file or a URL) or a directory.
     b: PathBuf,
     /// Print one JSON object per difference, one per line (JSON Lines).
     #[arg(long)]
@@ -80,6 +81,9 @@ enum Tree {
 
 impl Tree {
     fn open(p: &Path) -> Result<Tree> {
+        if crate::source::is_url(p) {
+            return Ok(Tree::Image(Box::new(open(p)?)));
+        }
         let m = fs::metadata(p).with_context(|| format!("cannot open {}", p.display()))?;
         Ok(if m.is_dir() {
             Tree::Dir(p.to_path_buf())

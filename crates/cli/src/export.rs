@@ -19,11 +19,12 @@
 
 use crate::fmt::bytes_display;
 use crate::list::open;
+use crate::source::Image;
 use crate::tarw::{self, Kind};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use ferofs_format::inode::*;
-use ferofs_reader::{Image, Inode, ReadCtx};
+use ferofs_reader::{Inode, ReadCtx};
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -39,7 +40,7 @@ pub enum Compression {
 
 #[derive(Args)]
 pub struct ExportArgs {
-    /// The image.
+    /// The image: a file or a URL (http://, https://, s3://bucket/key).
     image: PathBuf,
     /// Output tar: `OUT.tar`, `OUT.tar.gz`/`.tgz`, `OUT.tar.zst`/`.tzst`, or `-` for
     /// standard output.

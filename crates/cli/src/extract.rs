@@ -10,10 +10,11 @@
 
 use crate::fmt::bytes_display;
 use crate::list::open;
+use crate::source::Image;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use ferofs_format::inode::*;
-use ferofs_reader::{Image, Inode, ReadCtx};
+use ferofs_reader::{Inode, ReadCtx};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -25,7 +26,7 @@ use xattr::FileExt as _;
 
 #[derive(Args)]
 pub struct ExtractArgs {
-    /// The image.
+    /// The image: a file or a URL (http://, https://, s3://bucket/key).
     image: PathBuf,
     /// Output directory (created if missing; must be empty if it exists).
     out: PathBuf,

@@ -4,6 +4,7 @@ use crate::fmt::*;
 use crate::list::open;
 use anyhow::Result;
 use ferofs_format::sb::*;
+use ferofs_reader::Source;
 use serde_json::json;
 use std::io::Write;
 use std::path::Path;
@@ -96,13 +97,12 @@ pub fn inspect(image: &Path, json_out: bool) -> Result<()> {
     } else {
         vec![]
     };
-    let image_bytes = std::fs::metadata(image)?.len();
+    let image_bytes = img.source().size()?;
     // A verity superblock right behind the image (`build --verity`).
     let verity_at = (blocks * blksz).div_ceil(4096) * 4096;
     let verity = (image_bytes > verity_at)
-        .then(|| std::fs::File::open(image).ok())
-        .flatten()
-        .and_then(|f| ferofs_builder::verity::read_sb(&f, verity_at).ok());
+        .then(|| ferofs_builder::verity::read_sb(img.source(), verity_at).ok())
+        .flatten();
     let build_time = sb.build_time_secs();
     let v = json!({
         "magic": format!("{:#010x}", sb.magic),

@@ -1,14 +1,17 @@
 //! `ls`, `cat`, `stat`.
 
 use crate::fmt::*;
+use crate::source::Image;
 use anyhow::{Context, Result};
-use ferofs_reader::{Image, Inode};
+use ferofs_reader::Inode;
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::Path;
 
 pub fn open(image: &Path) -> Result<Image> {
-    Image::open(image).with_context(|| format!("cannot open image {}", image.display()))
+    let src = crate::source::open_src(image)
+        .with_context(|| format!("cannot open image {}", image.display()))?;
+    Image::new(src).with_context(|| format!("cannot open image {}", image.display()))
 }
 
 fn lookup(img: &Image, path: &str) -> Result<Inode> {

@@ -12,6 +12,7 @@ mod inspect;
 mod list;
 mod mount;
 mod report;
+mod source;
 mod tarw;
 
 use anyhow::Result;
@@ -29,6 +30,8 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    #[command(flatten)]
+    remote: source::RemoteArgs,
 }
 
 #[derive(Subcommand)]
@@ -42,6 +45,7 @@ enum Cmd {
     Build(Box<build::BuildArgs>),
     /// List a directory of an image (like `ls -l`).
     Ls {
+        /// The image: a file or a URL (http://, https://, s3://bucket/key).
         image: PathBuf,
         /// Path inside the image (default: the root).
         #[arg(default_value = "/")]
@@ -54,9 +58,14 @@ enum Cmd {
         all: bool,
     },
     /// Print one file of an image to standard output.
-    Cat { image: PathBuf, path: String },
+    Cat {
+        /// The image: a file or a URL (http://, https://, s3://bucket/key).
+        image: PathBuf,
+        path: String,
+    },
     /// Show an inode: type, mode, owner, times, xattrs and data layout.
     Stat {
+        /// The image: a file or a URL (http://, https://, s3://bucket/key).
         image: PathBuf,
         path: String,
         #[arg(long)]
@@ -78,6 +87,7 @@ enum Cmd {
     Mount(mount::MountArgs),
     /// Show the superblock, features, counts and sizes.
     Inspect {
+        /// The image: a file or a URL (http://, https://, s3://bucket/key).
         image: PathBuf,
         #[arg(long)]
         json: bool,
@@ -142,6 +152,7 @@ fn main() -> ExitCode {
         };
         for l in lines {
             let cli = Cli::parse_from(std::iter::once("ferofs".into()).chain(l));
+            source::set_args(cli.remote);
             let r = match cli.cmd {
                 // fsck.erofs: 1 for any problem found, as for an image that cannot
                 // be opened.
@@ -172,7 +183,14 @@ fn main() -> ExitCode {
         },
         None => Cli::parse(),
     };
-    if let Cmd::Diff(a) = cli.cmd {
+    source::set_args(cli.remote.clone());
+    let code = main_cmd(cli.cmd);
+    source::print_stats();
+    code
+}
+
+fn main_cmd(cmd: Cmd) -> ExitCode {
+    if let Cmd::Diff(a) = cmd {
         // Like diff(1): 0 equal, 1 different, 2 trouble.
         return match diff::run(a) {
             Ok(true) => ExitCode::SUCCESS,
@@ -188,7 +206,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    if let Cmd::Check(a) = cli.cmd {
+    if let Cmd::Check(a) = cmd {
         // 0 clean, 1 problems found, 2 cannot open (or cannot write the report).
         return match check::run(a) {
             Ok(true) => ExitCode::SUCCESS,
@@ -199,7 +217,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    match run(cli.cmd) {
+    match run(cmd) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // A closed pipe (`ferofs cat img f | head`) is not an error worth shouting about.

@@ -16,7 +16,8 @@ use std::process::{Command, Stdio};
 
 #[derive(Args)]
 pub struct MountArgs {
-    /// The image (a file; `--offset` when it starts inside one).
+    /// The image: a file (`--offset` when it starts inside one) or a URL (http://,
+    /// https://, s3://bucket/key; see --cache-dir).
     image: PathBuf,
     /// The mount point (an existing directory).
     dir: PathBuf,
@@ -105,8 +106,10 @@ fn options(a: &MountArgs) -> Result<ferofs_mount::Options> {
 pub fn run(a: MountArgs) -> Result<()> {
     let o = options(&a)?;
     if a.foreground {
-        let m = ferofs_mount::mount(&o)?;
-        return Ok(m.run()?);
+        let m = open_and_mount(&o)?;
+        let r = m.run();
+        crate::source::print_stats();
+        return Ok(r?);
     }
     if a.daemon_child {
         return daemon(&o);
@@ -114,10 +117,26 @@ pub fn run(a: MountArgs) -> Result<()> {
     background()
 }
 
+/// Mount a file, or open a URL and mount what it serves.
+fn open_and_mount(o: &ferofs_mount::Options) -> Result<ferofs_mount::Mounted> {
+    if crate::source::is_url(&o.image) {
+        anyhow::ensure!(o.offset == 0, "--offset is for image files, not URLs");
+        let url = o.image.to_string_lossy();
+        let r =
+            crate::source::open_remote(&url).with_context(|| format!("cannot open image {url}"))?;
+        crate::source::prefetch_metadata(&r);
+        return Ok(ferofs_mount::mount_source(
+            o,
+            ferofs_mount::ImageSource::Shared(r),
+        )?);
+    }
+    Ok(ferofs_mount::mount(o)?)
+}
+
 /// The daemon: mount, tell the waiting command, serve.
 fn daemon(o: &ferofs_mount::Options) -> Result<()> {
     let _ = rustix::process::setsid();
-    let m = ferofs_mount::mount(o)?;
+    let m = open_and_mount(o)?;
     // Everything named by a relative path is open now: do not pin the caller's directory.
     let _ = std::env::set_current_dir("/");
     let null = std::fs::OpenOptions::new().write(true).open("/dev/null")?;
@@ -152,10 +171,16 @@ fn background() -> Result<()> {
             cmd.env(k, v);
         }
     }
+    // Right after the subcommand (global options such as --cache-dir may come first).
+    let at = args
+        .iter()
+        .position(|a| a == "mount")
+        .map_or(1, |i| i + 1)
+        .min(args.len());
     let mut child = cmd
-        .args(&args[..1])
+        .args(&args[..at])
         .arg("--daemon-child")
-        .args(&args[1..])
+        .args(&args[at..])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -36,7 +36,7 @@ mod source;
 pub use fs::{ErofsFs, FsOptions};
 pub use source::OffsetFile;
 
-use ferofs_reader::Image;
+use ferofs_reader::{Image, Source};
 use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -120,14 +120,14 @@ pub enum MountError {
 
 /// A mounted image, ready to serve.
 pub struct Mounted {
-    session: Session<ErofsFs<OffsetFile>>,
+    session: Session<ErofsFs<ImageSource>>,
     /// Registered before the mount, so a signal that comes before [`Mounted::run`]
     /// unmounts too (and does not kill the daemon with the mount left behind).
     signals: signal_hook::iterator::Signals,
     unmounter: SessionUnmounter,
     mountpoint: PathBuf,
     record: Option<(PathBuf, Arc<record::Recorder>)>,
-    shared: Arc<fs::Shared<OffsetFile>>,
+    shared: Arc<fs::Shared<ImageSource>>,
     verbose: bool,
 }
 
@@ -135,7 +135,31 @@ fn shown(p: &Path) -> String {
     p.display().to_string()
 }
 
-/// Open the image, mount it and complete the kernel handshake.
+/// The bytes [`mount_source`] serves: the image file at its offset, or a source the
+/// caller opened (an image over the network).
+pub enum ImageSource {
+    File(OffsetFile),
+    Shared(Arc<dyn Source>),
+}
+
+impl Source for ImageSource {
+    #[inline]
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        match self {
+            ImageSource::File(f) => f.read_exact_at(buf, offset),
+            ImageSource::Shared(s) => s.read_exact_at(buf, offset),
+        }
+    }
+    fn size(&self) -> std::io::Result<u64> {
+        match self {
+            ImageSource::File(f) => f.size(),
+            ImageSource::Shared(s) => s.size(),
+        }
+    }
+}
+
+/// Open the image file (`o.image` at `o.offset`), mount it and complete the kernel
+/// handshake.
 pub fn mount(o: &Options) -> Result<Mounted, MountError> {
     let f = std::fs::File::open(&o.image).map_err(|e| MountError::Open {
         path: shown(&o.image),
@@ -151,6 +175,11 @@ pub fn mount(o: &Options) -> Result<Mounted, MountError> {
             path: shown(&o.image),
             source: e,
         })?;
+    mount_source(o, ImageSource::File(src))
+}
+
+/// Mount the image in `src` (`o.image` names it; `o.offset` is not used), as [`mount`].
+pub fn mount_source(o: &Options, src: ImageSource) -> Result<Mounted, MountError> {
     let img = Image::new(src).map_err(|e| MountError::Image {
         path: shown(&o.image),
         source: e,

@@ -225,6 +225,10 @@ impl<S: Source> Image<S> {
     pub fn superblock(&self) -> &Superblock {
         &self.sb
     }
+    /// The bytes the image is read from.
+    pub fn source(&self) -> &S {
+        &self.src
+    }
     pub fn root_nid(&self) -> u64 {
         self.root_nid
     }

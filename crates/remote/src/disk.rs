@@ -10,7 +10,10 @@
 //!
 //! Size limit: the bytes under `DIR` are counted once at open and kept up to date for
 //! this process's writes; past the limit the oldest files (by modification time, which a
-//! hit refreshes) are removed until the cache is at 90 % of it.
+//! hit refreshes) are removed until the cache is at 90 % of it. Metadata goes last: an
+//! object's metadata blocks (the range [`DiskCache::set_meta`] wrote to
+//! `DIR/<object key>/meta`: inodes, directories, indexes, which every later run needs
+//! first) are removed only once no data block of any object is left.
 
 use sha2::{Digest, Sha256};
 use std::fs;
@@ -19,6 +22,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::SystemTime;
+
+/// Name of the file holding an object's metadata block range ("FIRST END", END
+/// exclusive).
+const META_FILE: &str = "meta";
 
 /// At most this many files are looked at by one scan (a bound on a loop over a directory
 /// another process may fill).
@@ -56,7 +63,7 @@ impl DiskCache {
             evicting: Mutex::new(()),
             seq: AtomicU64::new(0),
         };
-        let used = c.scan()?.iter().map(|f| f.1).sum();
+        let used = c.scan()?.iter().map(|f| f.2).sum();
         c.used.store(used, Ordering::Relaxed);
         Ok(c)
     }
@@ -112,8 +119,22 @@ impl DiskCache {
         }
     }
 
-    /// Every cache file under the root: (modification time, bytes, path).
-    fn scan(&self) -> io::Result<Vec<(SystemTime, u64, PathBuf)>> {
+    /// Blocks [first, end) of this object hold its metadata: evicted after data.
+    pub(crate) fn set_meta(&self, first: u64, end: u64) {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let tmp = self
+            .dir
+            .join(format!(".tmp-{}-{seq}-meta", std::process::id()));
+        if fs::write(&tmp, format!("{first} {end}\n")).is_err()
+            || fs::rename(&tmp, self.dir.join(META_FILE)).is_err()
+        {
+            let _ = fs::remove_file(&tmp);
+        }
+    }
+
+    /// Every cache file under the root: (holds metadata, modification time, bytes,
+    /// path). The small `meta` files themselves are not listed.
+    fn scan(&self) -> io::Result<Vec<(bool, SystemTime, u64, PathBuf)>> {
         let mut out = Vec::new();
         for obj in fs::read_dir(&self.root)?.take(MAX_SCAN) {
             let Ok(obj) = obj else { continue };
@@ -123,11 +144,26 @@ impl DiskCache {
             let Ok(rd) = fs::read_dir(obj.path()) else {
                 continue;
             };
+            let meta = fs::read_to_string(obj.path().join(META_FILE))
+                .ok()
+                .and_then(|t| {
+                    let mut it = t.split_whitespace().map(|x| x.parse::<u64>());
+                    match (it.next(), it.next()) {
+                        (Some(Ok(a)), Some(Ok(b))) => Some(a..b),
+                        _ => None,
+                    }
+                });
             for f in rd.take(MAX_SCAN) {
                 let Ok(f) = f else { continue };
+                if f.file_name() == META_FILE {
+                    continue;
+                }
                 let Ok(m) = f.metadata() else { continue };
                 if m.is_file() {
+                    let index = f.file_name().to_str().and_then(|n| n.parse::<u64>().ok());
+                    let is_meta = matches!((&meta, index), (Some(r), Some(i)) if r.contains(&i));
                     out.push((
+                        is_meta,
                         m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
                         m.len(),
                         f.path(),
@@ -148,9 +184,10 @@ impl DiskCache {
         };
         let Ok(mut files) = self.scan() else { return };
         files.sort();
-        let mut used: u64 = files.iter().map(|f| f.1).sum();
+        let mut used: u64 = files.iter().map(|f| f.2).sum();
         let target = self.limit / 10 * 9;
-        for (_, len, p) in files {
+        // Data blocks first (oldest first), then metadata blocks.
+        for (_, _, len, p) in files {
             if used <= target {
                 break;
             }
@@ -198,10 +235,39 @@ mod tests {
             c.put(100 + i, &[i as u8; 1000]);
         }
         assert!(c.used() <= 10_000, "{}", c.used());
-        let on_disk: u64 = c.scan()?.iter().map(|f| f.1).sum();
+        let on_disk: u64 = c.scan()?.iter().map(|f| f.2).sum();
         assert!(on_disk <= 10_000, "{on_disk}");
         // The newest block survived.
         assert_eq!(c.get(199, 1000), Some(vec![99u8; 1000]));
+        Ok(())
+    }
+
+    #[test]
+    fn metadata_blocks_are_evicted_after_data() -> io::Result<()> {
+        let d = tempfile::tempdir()?;
+        let c = DiskCache::open(d.path(), "http://x/b size=1 etag=\"1\"", 20_000)?;
+        // Metadata blocks 0..4 are the oldest files in the cache.
+        for i in 0..4 {
+            c.put(i, &[7u8; 1000]);
+        }
+        c.set_meta(0, 4);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        // Data blocks well past the limit: eviction takes data blocks, never metadata.
+        for i in 10..60 {
+            c.put(i, &[i as u8; 1000]);
+        }
+        for i in 0..4 {
+            assert_eq!(c.get(i, 1000), Some(vec![7u8; 1000]), "metadata block {i}");
+        }
+        assert!(
+            c.get(10, 1000).is_none(),
+            "the oldest data block was evicted"
+        );
+        let on_disk: u64 = c.scan()?.iter().map(|f| f.2).sum();
+        assert!(on_disk <= 20_000, "{on_disk}");
+        // Without the meta range the same files age out by time alone.
+        let _ = fs::remove_file(c.dir.join(META_FILE));
+        assert!(!c.scan()?.iter().any(|f| f.0));
         Ok(())
     }
 }

@@ -408,7 +408,8 @@ impl Remote {
         }
     }
 
-    /// Fetch bytes `start..end` ahead of need (into memory and the disk cache), in
+    /// Fetch bytes `start..end` ahead of need (into memory and the disk cache, where
+    /// they count as the metadata of the object and are evicted last), in
     /// requests of at most [`RemoteOptions::max_request`], in parallel; at most a
     /// quarter of the memory budget. Readers of these blocks meanwhile wait for them
     /// instead of fetching them again.
@@ -423,6 +424,10 @@ impl Remote {
             return Ok(());
         }
         let bs = self.o.block_size;
+        if let Some(d) = &self.disk {
+            // What is fetched ahead is metadata: kept longest in the disk cache.
+            d.set_meta(start / bs, (end - 1) / bs + 1);
+        }
         self.blocks(start / bs..=(end - 1) / bs, 0).map(drop)
     }
 

@@ -118,8 +118,24 @@ impl<S: Source> Image<S> {
         if !held {
             // From the start of the 4 KiB block holding `at` (walks go back as well as
             // forward); a read reaching beyond the image gets read_inode_meta's error.
+            // A miss within a window's length of the window (a walk through a file's
+            // index, forward or a lookback) loads a whole window; a far one (a random
+            // reader's jump, the first read of a context) only the 4 KiB blocks it
+            // needs, as the kernel reads metadata a page at a time: random 4 KiB reads
+            // of one big file would otherwise fetch 16 KiB of index per read.
             let start = at & !4095;
-            let stop = start.saturating_add(META_WIN).min(self.len);
+            let win_end = m.start.saturating_add(m.buf.len() as u64);
+            let near = m.img == self.id
+                && at < win_end.saturating_add(META_WIN)
+                && at.saturating_add(META_WIN) > m.start;
+            let span = if near {
+                META_WIN
+            } else {
+                end.saturating_sub(start)
+                    .div_ceil(4096)
+                    .saturating_mul(4096)
+            };
+            let stop = start.saturating_add(span).min(self.len);
             if stop < end {
                 return self.read_inode_meta(nid, rel, out);
             }

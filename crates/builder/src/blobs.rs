@@ -6,7 +6,7 @@ use crate::layout::Layout;
 use crate::nids::MetaLayout;
 use crate::options::*;
 use crate::plan::Plan;
-use crate::scan::{Kind, Tree};
+use crate::scan::{InodeId, Kind, Tree};
 
 /// Whole blocks of one directory or symlink, zero-padded.
 pub struct Blob {
@@ -22,19 +22,30 @@ pub struct Blobs {
     pub end_blk: u64,
 }
 
-/// Place directory and symlink contents from block `start_blk`, in inode order.
-/// `layouts` (the data stage's) gets the directories' and symlinks' layouts.
+/// Place directory and symlink contents from block `start_blk`: those of `first` (the
+/// `--sort` inodes, [`crate::nids::front`]) first, in that order, then the others in
+/// inode order. `layouts` (the data stage's) gets the directories' and symlinks' layouts.
 pub fn place(
     tree: &Tree,
     plan: &Plan,
     meta: &MetaLayout,
     mut layouts: Vec<Layout>,
     start_blk: u64,
+    first: &[InodeId],
 ) -> Result<Blobs> {
     let bs = plan.bs;
     let mut blobs = Vec::new();
     let mut next_blk = start_blk;
-    for (id, nd) in tree.nodes.iter().enumerate() {
+    let mut is_first = vec![false; tree.nodes.len()];
+    for &id in first {
+        is_first[id] = true;
+    }
+    let order = first
+        .iter()
+        .copied()
+        .chain((0..tree.nodes.len()).filter(|&id| !is_first[id]));
+    for id in order {
+        let nd = &tree.nodes[id];
         let bytes: Vec<u8> = match &nd.kind {
             Kind::Dir { .. } => plan.dirs[id]
                 .as_ref()

@@ -149,9 +149,10 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     let (image, mb) = if o.metabox {
         metabox::build(&mut tree, &mut plan, placed, out, o)?
     } else {
-        let meta = nids::assign(&tree, &plan, &placed.layouts, placed.end_blk)?;
+        let first = nids::front(&tree, &o.sort);
+        let meta = nids::assign(&tree, &plan, &placed.layouts, placed.end_blk, &first)?;
         let blobs_at = meta.end_blk() + plan.shared_xattr_blocks();
-        let blobs = blobs::place(&tree, &plan, &meta, placed.layouts, blobs_at)?;
+        let blobs = blobs::place(&tree, &plan, &meta, placed.layouts, blobs_at, &first)?;
         let image = write::write_image(out, &tree, &plan, &meta, &blobs, o)?;
         (image, metabox::Stats::default())
     };

@@ -58,11 +58,12 @@ pub fn build(
     // Packed as an empty record (its slot stays unused), not copied: the layouts are
     // moved out and back.
     let packed_layout = packed.map(|p| std::mem::replace(&mut placed.layouts[p], Layout::NONE));
-    let inner = nids::assign_metabox(tree, plan, &placed.layouts)?;
+    let first = nids::front(tree, &o.sort);
+    let inner = nids::assign_metabox(tree, plan, &placed.layouts, &first)?;
     if let (Some(p), Some(l)) = (packed, packed_layout) {
         placed.layouts[p] = l;
     }
-    let blobs = blobs::place(tree, plan, &inner, placed.layouts, placed.end_blk)?;
+    let blobs = blobs::place(tree, plan, &inner, placed.layouts, placed.end_blk, &first)?;
     let mut layouts = blobs.layouts;
     // The records' indexes use the big-pcluster format when the superblock will say
     // so: when anything is compressed (which any compressed record makes true).

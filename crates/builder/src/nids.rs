@@ -9,6 +9,11 @@
 //! the others, each into the tightest gap left that holds it whole, else onto one
 //! stream at the end that runs across block boundaries and wastes nothing.
 //!
+//! With `--sort`, the records of the listed files and of the directories on their
+//! paths ([`front`]) come first, right behind the root, one after the other in the
+//! order a lookup meets them, so that what a program reads at start-up is a few
+//! contiguous blocks of metadata instead of one block per file.
+//!
 //! Preferred: nids count from byte 0 and the root (packed first) sits behind the
 //! superblock, like mkfs.erofs, so block 0 is not wasted. When the root does not fit
 //! there, its nid would not fit 16 bits: nids count from the metadata region instead.
@@ -132,8 +137,43 @@ impl MetaLayout {
     }
 }
 
-/// Pack the records of every inode of `tree` (data at `layouts`) from block `base`.
-pub fn assign(tree: &Tree, plan: &Plan, layouts: &[Layout], base: u64) -> Result<MetaLayout> {
+/// The inodes `--sort` puts first, in order: for each listed path that names a regular
+/// file, the directories on its way not met yet (outermost first), then the file; the
+/// root, which always goes first, is left out. Paths that name nothing or no regular
+/// file are skipped (the data stage warns about them).
+pub fn front(tree: &Tree, paths: &[Vec<u8>]) -> Vec<InodeId> {
+    let mut seen = vec![false; tree.nodes.len()];
+    seen[tree.root] = true;
+    let mut out = Vec::new();
+    for p in paths {
+        let Some(way) = tree.lookup_way(p) else {
+            continue;
+        };
+        let is_file = way
+            .last()
+            .is_some_and(|&id| matches!(tree.nodes[id].kind, crate::scan::Kind::File { .. }));
+        if !is_file {
+            continue;
+        }
+        for id in way {
+            if !seen[id] {
+                seen[id] = true;
+                out.push(id);
+            }
+        }
+    }
+    out
+}
+
+/// Pack the records of every inode of `tree` (data at `layouts`) from block `base`,
+/// the inodes of `first` (see [`front`]) right behind the root.
+pub fn assign(
+    tree: &Tree,
+    plan: &Plan,
+    layouts: &[Layout],
+    base: u64,
+    first: &[InodeId],
+) -> Result<MetaLayout> {
     let records: Vec<Record> = layouts
         .iter()
         .enumerate()
@@ -150,11 +190,12 @@ pub fn assign(tree: &Tree, plan: &Plan, layouts: &[Layout], base: u64) -> Result
     let sb_end = plan.cfg.end().div_ceil(32) * 32;
     let sb_slot = (plan.first_blk - 1, sb_end);
     let (pos, blocks, blkaddr) = {
-        let (p, m) = pack(&records, tree.root, base, Some(sb_slot), bs).map_err(bad_inline)?;
+        let (p, m) =
+            pack(&records, tree.root, first, base, Some(sb_slot), bs).map_err(bad_inline)?;
         if p[tree.root] / 32 <= 0xFFFF {
             (p, m, 0u64)
         } else {
-            let (p, m) = pack(&records, tree.root, base, None, bs).map_err(bad_inline)?;
+            let (p, m) = pack(&records, tree.root, first, base, None, bs).map_err(bad_inline)?;
             (p, m, base)
         }
     };
@@ -173,15 +214,21 @@ pub fn assign(tree: &Tree, plan: &Plan, layouts: &[Layout], base: u64) -> Result
 }
 
 /// Pack the records of every inode of `tree` (data at `layouts`) into the metabox
-/// inode's data, from its byte 0. `blocks` is then the length of that data in blocks.
-pub fn assign_metabox(tree: &Tree, plan: &Plan, layouts: &[Layout]) -> Result<MetaLayout> {
+/// inode's data, from its byte 0, the inodes of `first` right behind the root. `blocks`
+/// is then the length of that data in blocks.
+pub fn assign_metabox(
+    tree: &Tree,
+    plan: &Plan,
+    layouts: &[Layout],
+    first: &[InodeId],
+) -> Result<MetaLayout> {
     let records: Vec<Record> = layouts
         .iter()
         .enumerate()
         .map(|(id, l)| record(plan, id, l))
         .collect();
     let (pos, blocks) =
-        pack(&records, tree.root, 0, None, plan.bs).map_err(|id| BuildError::Invalid {
+        pack(&records, tree.root, first, 0, None, plan.bs).map_err(|id| BuildError::Invalid {
             path: String::from_utf8_lossy(&tree.nodes[id].rel)
                 .into_owned()
                 .into(),
@@ -245,20 +292,33 @@ fn add_slot(set: &mut Slots, blk: u64, start: u64, end: u64) {
 
 /// Pack `records` into metadata blocks from `base` (absolute block numbers), the root
 /// first, optionally starting with the free tail of block `sb_slot.0` from byte
-/// `sb_slot.1`. Returns each record's absolute byte position and the number of new
-/// blocks, or the inode whose block-bound record does not fit a block.
+/// `sb_slot.1`; then the records of `first`, one behind the other in that order from
+/// the first new block (a block-bound one that would cross a block boundary begins the
+/// next block, and the gap is filled later). Returns each record's absolute byte
+/// position and the number of new blocks, or the inode whose block-bound record does
+/// not fit a block.
 fn pack(
     records: &[Record],
     root: InodeId,
+    first: &[InodeId],
     base: u64,
     sb_slot: Option<(u64, u64)>,
     bs: u64,
 ) -> Result<(Vec<u64>, u64), InodeId> {
     let n = records.len();
+    let mut is_first = vec![false; n];
     let mut order: Vec<InodeId> = Vec::with_capacity(n);
     order.push(root);
-    order.extend((0..n).filter(|&id| id != root && records[id].bound));
-    order.extend((0..n).filter(|&id| id != root && !records[id].bound));
+    is_first[root] = true;
+    for &id in first {
+        if !is_first[id] {
+            is_first[id] = true;
+            order.push(id);
+        }
+    }
+    let n_first = order.len();
+    order.extend((0..n).filter(|&id| !is_first[id] && records[id].bound));
+    order.extend((0..n).filter(|&id| !is_first[id] && !records[id].bound));
     let mut pos = vec![0u64; n];
     let mut free_set = Slots::new();
     if let Some((blk, from)) = sb_slot {
@@ -267,8 +327,34 @@ fn pack(
     let mut meta_blocks = 0u64;
     // The stream's next byte, once it has begun.
     let mut stream: Option<u64> = None;
-    for &id in &order {
+    // `first`'s records, in a row from the first new block.
+    let mut row: Option<u64> = None;
+    for (k, &id) in order.iter().enumerate() {
         let shape = records[id].shape;
+        if k == n_first {
+            // The rest of the row's last block is a gap like any other.
+            if let Some(p) = row.take() {
+                if p % bs != 0 {
+                    add_slot(&mut free_set, p / bs, p % bs, bs);
+                }
+            }
+        }
+        if k > 0 && k < n_first {
+            let mut a = row.unwrap_or((base + meta_blocks) * bs).div_ceil(32) * 32;
+            let bound = records[id].bound;
+            if bound && a % bs + shape.len(a) > bs {
+                add_slot(&mut free_set, a / bs, a % bs, bs);
+                a = a.div_ceil(bs) * bs;
+                if shape.len(a) > bs {
+                    return Err(id);
+                }
+            }
+            pos[id] = a;
+            let end = a + shape.len(a);
+            meta_blocks = meta_blocks.max(end.div_ceil(bs) - base);
+            row = Some(end);
+            continue;
+        }
         let len0 = shape.len(0).div_ceil(32) * 32;
         // The root goes first, in one block when it fits one (its nid stays small
         // either way: it begins the region or the stream).
@@ -361,7 +447,7 @@ mod tests {
             fixed(2000, true),  // best fit: block 0's rest (2848 bytes left)
             fixed(5000, false), // fits no gap: on the stream, across blocks
         ];
-        let (pos, blocks) = pack(&recs, 0, 10, Some((0, 1184)), 4096)?;
+        let (pos, blocks) = pack(&recs, 0, &[], 10, Some((0, 1184)), 4096)?;
         assert_eq!(pos[0], 1184);
         assert_eq!(pos[2], 10 * 4096);
         assert_eq!(pos[3], 1184 + 64);
@@ -411,9 +497,37 @@ mod tests {
     }
 
     #[test]
+    fn first_records_in_a_row_behind_the_root() -> Result<(), InodeId> {
+        let recs = vec![
+            fixed(64, true),    // root: behind the superblock
+            fixed(100, false),  // first, second
+            fixed(3000, true),  // not first: best fit, into the row's gap
+            fixed(64, false),   // first, first
+            fixed(4000, true),  // first, third: would cross, begins block 11
+            fixed(5000, false), // not first: on the stream
+        ];
+        let (pos, blocks) = pack(&recs, 0, &[3, 1, 4, 3], 10, Some((0, 1184)), 4096)?;
+        assert_eq!(pos[0], 1184);
+        assert_eq!(pos[3], 10 * 4096);
+        assert_eq!(pos[1], 10 * 4096 + 64);
+        assert_eq!(pos[4], 11 * 4096);
+        // Block 10's rest (from 192) is the best fit for 3000 bytes (block 0 has 2848).
+        assert_eq!(pos[2], 10 * 4096 + 192);
+        // The stream begins in the free end of the last block.
+        assert_eq!(pos[5], 11 * 4096 + 4000);
+        assert_eq!(blocks, 4);
+        // Without a list: the bound records first (2 opens block 10, 4 block 11), then
+        // best fit: 1 behind 2, 3 into block 11's last 96 bytes.
+        let (pos, _) = pack(&recs, 0, &[], 10, Some((0, 1184)), 4096)?;
+        assert_eq!(pos[1], 10 * 4096 + 3008);
+        assert_eq!(pos[3], 11 * 4096 + 4000);
+        Ok(())
+    }
+
+    #[test]
     fn bound_record_larger_than_a_block_is_refused() {
         let recs = vec![fixed(64, true), fixed(4097, true)];
-        assert_eq!(pack(&recs, 0, 1, None, 4096), Err(1));
+        assert_eq!(pack(&recs, 0, &[], 1, None, 4096), Err(1));
     }
 
     #[test]

@@ -51,7 +51,9 @@ pub struct BuildOptions {
     /// metabox inode, compressed like file data (Linux 6.17+; implies the 48-bit layout).
     pub metabox: bool,
     /// `--sort FILE`: these files' data first, contiguous, in this order (paths
-    /// relative to the source). Listed files never go to fragments.
+    /// relative to the source); their inodes, and those of the directories on their
+    /// paths, first in the metadata, and those directories' blocks first among the
+    /// directory blocks. Listed files never go to fragments.
     pub sort: Vec<Vec<u8>>,
     /// File bytes to store and done so far (the CLI's progress bar reads it).
     pub progress: Option<std::sync::Arc<crate::Progress>>,

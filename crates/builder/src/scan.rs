@@ -101,6 +101,27 @@ impl Tree {
         }
         Some(id)
     }
+
+    /// The inodes a lookup of `path` meets after the root: each directory on the way,
+    /// then what the path names.
+    pub fn lookup_way(&self, path: &[u8]) -> Option<Vec<InodeId>> {
+        let mut id = self.root;
+        let mut way = Vec::new();
+        for comp in path
+            .split(|&b| b == b'/')
+            .filter(|c| !c.is_empty() && *c != b".")
+        {
+            let Kind::Dir { entries, .. } = &self.nodes.get(id)?.kind else {
+                return None;
+            };
+            let i = entries
+                .binary_search_by(|(name, _)| name.as_slice().cmp(comp))
+                .ok()?;
+            id = entries[i].1;
+            way.push(id);
+        }
+        Some(way)
+    }
 }
 
 /// Deepest directory nesting accepted.

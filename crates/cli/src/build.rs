@@ -127,6 +127,7 @@ pub struct BuildArgs {
     json: bool,
     /// Data order: a file listing paths (one per line, relative to the source) whose
     /// data goes first, contiguous, in that order (e.g. what a program reads at start-up);
+    /// their inodes and the directories on their paths go first in the metadata too;
     /// listed files are never put in fragments. `none` (mkfs.erofs's spelling): no list.
     #[arg(long, value_name = "FILE")]
     sort: Option<PathBuf>,

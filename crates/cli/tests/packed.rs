@@ -431,6 +431,35 @@ fn sort_places_listed_files_first_contiguous_and_in_order() {
                 "{args:?}: {p} at {s} before {end}"
             );
         }
+        // The inodes a lookup of the listed paths meets (sub first, on the way to
+        // sub/t4), in that order, one behind the other from the first metadata block:
+        // a program's start-up reads a few blocks of them, not one per file.
+        let way = ["/sub", "/sub/t4", "/r5", "/r0", "/sub/t1", "/r3"];
+        let nids: Vec<u64> = way
+            .iter()
+            .map(|p| {
+                json(&ok(&[&"stat", &"--json", &img, p]))["nid"]
+                    .as_u64()
+                    .expect("nid")
+            })
+            .collect();
+        for w in nids.windows(2) {
+            assert!(
+                w[0] < w[1],
+                "{args:?}: not in lookup order: {way:?} {nids:?}"
+            );
+        }
+        // Each record here is under a block: the six take at most six blocks.
+        let blk = |nid: u64| nid * 32 / 4096;
+        assert!(
+            blk(nids[5]) - blk(nids[0]) < 6,
+            "{args:?}: spread over blocks {}..{}",
+            blk(nids[0]),
+            blk(nids[5])
+        );
+        if fsck_knows(args[1]) {
+            fsck_erofs(&img).unwrap_or_else(|e| panic!("{args:?}: fsck.erofs failed:\n{e}"));
+        }
         if kernel_available("sort") {
             let m = Mount::erofs(&img);
             assert_same_tree(&src, m.path());

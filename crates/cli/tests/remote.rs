@@ -121,6 +121,25 @@ impl Server {
                 (n + 1, b + bytes)
             })
     }
+    /// `gets()` once nginx has logged what was asked: it writes a request's line after
+    /// the response, which the client need not wait for. Polls until the count since
+    /// `base` is `want`, or, with no `want`, until two reads 100 ms apart agree; at
+    /// most 5 s.
+    fn gets_after(&self, base: (u64, u64), want: Option<(u64, u64)>) -> (u64, u64) {
+        let mut last = self.gets();
+        for _ in 0..50 {
+            if want == Some((last.0 - base.0, last.1 - base.1)) {
+                return last;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            let now = self.gets();
+            if want.is_none() && now == last {
+                return now;
+            }
+            last = now;
+        }
+        last
+    }
     fn www(&self, name: &str) -> PathBuf {
         self.dir.path().join("www").join(name)
     }
@@ -453,7 +472,7 @@ fn small_cat_and_cache(
     let size = fs::metadata(image).expect("image").len();
     let want = images().file("files/size-4096.txt");
     let cache = scratch("remote-cache");
-    let gets0 = log.map(|s| s.gets());
+    let gets0 = log.map(|s| s.gets_after((0, 0), None));
     let (o, err) = good(
         cmd(s3),
         &[
@@ -477,7 +496,7 @@ fn small_cat_and_cache(
     );
     if let (Some(s), Some((n0, b0))) = (log, gets0) {
         // The server's own count agrees.
-        let (n1, b1) = s.gets();
+        let (n1, b1) = s.gets_after((n0, b0), Some((reqs, bytes)));
         assert_eq!((n1 - n0, b1 - b0), (reqs, bytes), "nginx access log");
     }
     // Cached: the first run fills the cache, the second fetches nothing.
@@ -495,7 +514,7 @@ fn small_cat_and_cache(
     let (o, err) = good(cmd(s3), &args);
     assert_eq!(o, want2);
     assert!(fetch_stats(&err).0 > 0, "{err}");
-    let gets1 = log.map(|s| s.gets());
+    let gets1 = log.map(|s| s.gets_after((0, 0), None));
     let (o, err) = good(cmd(s3), &args);
     assert_eq!(o, want2);
     let (b, r, hits) = fetch_stats(&err);
@@ -503,7 +522,7 @@ fn small_cat_and_cache(
     assert!(hits > 0);
     if let Some(s) = log {
         assert_eq!(
-            s.gets(),
+            s.gets_after((0, 0), None),
             gets1.unwrap_or_default(),
             "GETs on the second run"
         );

@@ -86,27 +86,20 @@ impl Tree {
     /// The inode at `path` (relative to the root; `/`-separated, leading and repeated
     /// slashes ignored), following no symlinks.
     pub fn lookup(&self, path: &[u8]) -> Option<InodeId> {
-        let mut id = self.root;
-        for comp in path
-            .split(|&b| b == b'/')
-            .filter(|c| !c.is_empty() && *c != b".")
-        {
-            let Kind::Dir { entries, .. } = &self.nodes.get(id)?.kind else {
-                return None;
-            };
-            let i = entries
-                .binary_search_by(|(name, _)| name.as_slice().cmp(comp))
-                .ok()?;
-            id = entries[i].1;
-        }
-        Some(id)
+        self.walk(path, |_| {})
     }
 
     /// The inodes a lookup of `path` meets after the root: each directory on the way,
     /// then what the path names.
     pub fn lookup_way(&self, path: &[u8]) -> Option<Vec<InodeId>> {
-        let mut id = self.root;
         let mut way = Vec::new();
+        self.walk(path, |id| way.push(id))?;
+        Some(way)
+    }
+
+    /// Look `path` up, handing each inode met after the root to `met`.
+    fn walk(&self, path: &[u8], mut met: impl FnMut(InodeId)) -> Option<InodeId> {
+        let mut id = self.root;
         for comp in path
             .split(|&b| b == b'/')
             .filter(|c| !c.is_empty() && *c != b".")
@@ -118,9 +111,9 @@ impl Tree {
                 .binary_search_by(|(name, _)| name.as_slice().cmp(comp))
                 .ok()?;
             id = entries[i].1;
-            way.push(id);
+            met(id);
         }
-        Some(way)
+        Some(id)
     }
 }
 

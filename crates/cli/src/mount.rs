@@ -44,28 +44,6 @@ pub struct MountArgs {
     daemon_child: bool,
 }
 
-/// "64M", "1g", "4096", "512k" -> bytes.
-fn parse_size(s: &str) -> Result<usize> {
-    let t = s.trim();
-    let (num, mul) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m: usize = match c.to_ascii_lowercase() {
-                'k' => 1 << 10,
-                'm' => 1 << 20,
-                'g' => 1 << 30,
-                _ => bail!("cache={s}: unknown size suffix (k, m or g)"),
-            };
-            (&t[..i], m)
-        }
-        _ => (t, 1),
-    };
-    let n: usize = num
-        .parse()
-        .with_context(|| format!("cache={s}: not a size"))?;
-    n.checked_mul(mul)
-        .with_context(|| format!("cache={s}: too large"))
-}
-
 fn options(a: &MountArgs) -> Result<ferofs_mount::Options> {
     let mut o = ferofs_mount::Options::new(&a.image, &a.dir);
     o.offset = a.offset;
@@ -88,7 +66,10 @@ fn options(a: &MountArgs) -> Result<ferofs_mount::Options> {
         };
         match k {
             "allow_other" => o.allow_other = true,
-            "cache" => o.cache_bytes = parse_size(v.context("-o cache needs a size")?)?,
+            "cache" => {
+                let n = crate::source::parse_size("cache=", v.context("-o cache needs a size")?)?;
+                o.cache_bytes = usize::try_from(n).context("cache=: too large")?;
+            }
             "threads" => o.threads = num(v)?.clamp(1, 256),
             "ra_threads" => o.prefetch_threads = num(v)?.min(64),
             "suid" => o.suid = true,

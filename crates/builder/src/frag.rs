@@ -24,6 +24,8 @@ use xxhash_rust::xxh3::Xxh3;
 struct Entry {
     /// Where the fragment starts in the spool.
     off: u64,
+    /// Its xxh3-128 when the caller handed it in (workers hash what they read).
+    hash: Option<u128>,
 }
 
 /// With dedupe: what is known of the fragments stored so far.
@@ -58,6 +60,11 @@ pub struct Packed {
     pub size: u64,
     /// Per fragment id: its offset in the packed inode's data.
     pub offsets: Vec<u64>,
+}
+
+/// The hash fragment dedupe keys fragments by (with their length).
+pub fn frag_hash(bytes: &[u8]) -> u128 {
+    xxhash_rust::xxh3::xxh3_128(bytes)
 }
 
 /// Most bytes compared or hashed at once.
@@ -103,6 +110,11 @@ impl FragStore {
 
     /// Close the open fragment; returns its id.
     pub fn end(&mut self) -> Result<usize> {
+        self.end_hashed(None)
+    }
+
+    /// Close the open fragment, whose xxh3-128 is `hash` when known; returns its id.
+    pub fn end_hashed(&mut self, hash: Option<u128>) -> Result<usize> {
         let Some(off) = self.open.take() else {
             return Err(BuildError::Options("internal: no open fragment".into()));
         };
@@ -110,7 +122,7 @@ impl FragStore {
         let entry = self.entries.len();
         let mut dup = None;
         if let Some(mut seen) = self.seen.take() {
-            let found = self.dedupe(&mut seen, off, len, entry);
+            let found = self.dedupe(&mut seen, off, len, entry, hash);
             self.seen = Some(seen);
             dup = found?;
         }
@@ -119,7 +131,7 @@ impl FragStore {
             self.deduped += len;
             c
         } else {
-            self.entries.push(Entry { off });
+            self.entries.push(Entry { off, hash });
             entry
         };
         self.ids.push(id);
@@ -128,16 +140,30 @@ impl FragStore {
 
     /// The stored entry equal to spool range `[off, off+len)`, or None after recording
     /// the range as entry `entry`.
-    fn dedupe(&self, seen: &mut Seen, off: u64, len: u64, entry: usize) -> Result<Option<usize>> {
+    fn dedupe(
+        &self,
+        seen: &mut Seen,
+        off: u64,
+        len: u64,
+        entry: usize,
+        hash: Option<u128>,
+    ) -> Result<Option<usize>> {
         let Some(waiting) = seen.unhashed.get_mut(&len) else {
             seen.unhashed.insert(len, vec![entry]);
             return Ok(None);
         };
         for e in std::mem::take(waiting) {
-            let h = self.hash_range(self.entries[e].off, len)?;
+            let h = match self.entries[e].hash {
+                Some(h) => h,
+                None => self.hash_range(self.entries[e].off, len)?,
+            };
             seen.hashed.entry((h, len)).or_default().push(e);
         }
-        let key = (self.hash_range(off, len)?, len);
+        let h = match hash {
+            Some(h) => h,
+            None => self.hash_range(off, len)?,
+        };
+        let key = (h, len);
         for &c in seen.hashed.get(&key).map_or(&[][..], Vec::as_slice) {
             if self.same(self.entries[c].off, off, len)? {
                 return Ok(Some(c));
@@ -149,9 +175,14 @@ impl FragStore {
 
     /// Store a whole fragment.
     pub fn add(&mut self, bytes: &[u8]) -> Result<usize> {
+        self.add_hashed(bytes, None)
+    }
+
+    /// Store a whole fragment whose xxh3-128 is `hash` when known.
+    pub fn add_hashed(&mut self, bytes: &[u8], hash: Option<u128>) -> Result<usize> {
         self.begin();
         self.push(bytes)?;
-        self.end()
+        self.end_hashed(hash)
     }
 
     /// xxh3-128 of spool range `[off, off+len)`.
@@ -257,6 +288,30 @@ mod tests {
         let p = s.finish();
         assert_eq!(p.offsets, vec![0, 3, 0, 3, 6, 7, 6]);
         assert_eq!(p.size, 11);
+        Ok(())
+    }
+
+    #[test]
+    fn handed_in_hashes_meet_hashes_read_from_the_spool() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(io_err(Path::new("."), "tempdir"))?;
+        let spool =
+            tempfile::NamedTempFile::new_in(dir.path()).map_err(io_err(dir.path(), "spool"))?;
+        let mut s = FragStore::new(spool, true)?;
+        // Longer than one spool read, so the spool's hash is computed in chunks.
+        let big: Vec<u8> = (0..(CMP_CHUNK as usize + 12_345))
+            .map(|i| (i * 7 % 251) as u8)
+            .collect();
+        let a = s.add(&big)?; // hashed from the spool when the next one comes
+        let b = s.add_hashed(&big, Some(frag_hash(&big)))?;
+        let mut other = big.clone();
+        other[5] ^= 1;
+        let c = s.add_hashed(&other, Some(frag_hash(&other)))?;
+        let d = s.add(&other)?;
+        assert_eq!((a, b, c, d), (0, 1, 2, 3));
+        assert_eq!(s.deduped, 2 * big.len() as u64);
+        let p = s.finish();
+        let n = big.len() as u64;
+        assert_eq!(p.offsets, vec![0, 0, n, n]);
         Ok(())
     }
 

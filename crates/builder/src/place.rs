@@ -125,13 +125,27 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
         files.sort_by_key(|&(id, ..)| rank[id]);
     }
     let threads = o.worker_threads();
-    // Per file (index in `files`): the earlier file it duplicates.
+    // Per file: what goes to the packed inode.
+    let frag_modes: Vec<FragMode> = files
+        .iter()
+        .map(|&(id, nd, _, size)| match &o.compression {
+            Some(c) => frag_mode(o, c, &nd.rel, size, listed[id]),
+            None => FragMode::None,
+        })
+        .collect();
+    // Per file (index in `files`): the earlier file it duplicates. Files that go to
+    // the packed inode whole are left to fragment dedupe, which finds the same
+    // duplicates (equal fragments share one offset, the same layout a duplicate
+    // would copy) from the bytes the workers read anyway, instead of reading every
+    // small file of a shared size once more here.
     let dup_of = if o.dedupe {
         let cands: Vec<dedupe::Candidate> = files
             .iter()
-            .map(|&(id, _, src, size)| dedupe::Candidate {
+            .zip(&frag_modes)
+            .map(|(&(id, _, src, size), m)| dedupe::Candidate {
                 src,
-                size,
+                // Size 0: not a candidate.
+                size: if *m == FragMode::Whole { 0 } else { size },
                 meta: plan.fixed_meta(id),
             })
             .collect();
@@ -157,15 +171,7 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
         };
         let mut reqs = Vec::new();
         for (k, &(id, nd, src, size)) in files.iter().enumerate() {
-            let (_, pcl) = zdata::policy(c, &nd.rel);
-            let frag = match o.fragments {
-                // Listed files stay together in the data region.
-                _ if listed[id] => FragMode::None,
-                Fragments::Off => FragMode::None,
-                Fragments::All { .. } => FragMode::Whole,
-                Fragments::Tails { .. } if size <= 2 * u64::from(pcl) => FragMode::Whole,
-                Fragments::Tails { .. } => FragMode::Tail,
-            };
+            let frag = frag_modes[k];
             reqs.push(zdata::FileReq {
                 id,
                 src: src.clone(),
@@ -232,6 +238,19 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
     // Files stored without compressing them (small, holes, no gain) count here.
     progress.finish();
     Ok(placed)
+}
+
+/// What part of a file of `size` bytes goes to the packed inode.
+fn frag_mode(o: &BuildOptions, c: &zdata::Compression, rel: &[u8], size: u64, listed: bool) -> FragMode {
+    let (_, pcl) = zdata::policy(c, rel);
+    match o.fragments {
+        // Listed files stay together in the data region.
+        _ if listed => FragMode::None,
+        Fragments::Off => FragMode::None,
+        Fragments::All { .. } => FragMode::Whole,
+        Fragments::Tails { .. } if size <= 2 * u64::from(pcl) => FragMode::Whole,
+        Fragments::Tails { .. } => FragMode::Tail,
+    }
 }
 
 /// The chunk indexes of a file of `size` bytes contiguous from block `blkaddr` of

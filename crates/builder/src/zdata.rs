@@ -178,6 +178,8 @@ struct Job {
     frag: FragMode,
     /// Shifted dedupe is on: hand back the segment's bytes and anchors.
     shift: bool,
+    /// Dedupe is on: hash a fragment read whole (for [`FragStore`]'s dedupe).
+    hash_frag: bool,
 }
 
 /// What a worker hands the committer for one job.
@@ -188,6 +190,32 @@ struct SegOut {
     shift: Option<(Vec<u8>, shift::Anchors)>,
     /// Input bytes handed to the compressor.
     fed: u64,
+    /// With `Job::hash_frag`: the fragment piece's start, length and xxh3-128.
+    frag_hash: Option<FragHash>,
+}
+
+/// A fragment's start in its file, length and hash, computed by the worker.
+#[derive(Clone, Copy)]
+struct FragHash {
+    lstart: u64,
+    len: usize,
+    hash: u128,
+}
+
+impl FragHash {
+    fn of(p: &Piece) -> FragHash {
+        FragHash {
+            lstart: p.lstart,
+            len: p.bytes.len(),
+            hash: crate::frag::frag_hash(&p.bytes),
+        }
+    }
+
+    /// The hash, when it is that of `p`'s bytes.
+    fn for_piece(h: Option<FragHash>, p: &Piece) -> Option<u128> {
+        h.filter(|h| h.lstart == p.lstart && h.len == p.bytes.len())
+            .map(|h| h.hash)
+    }
 }
 
 /// A file's rest goes to the packed inode uncompressed when the last pcluster's
@@ -234,22 +262,30 @@ fn compress_segment(
     r.read_into(job.start, len, &mut data)?;
     r.unchanged()?;
     if job.frag == FragMode::Whole {
+        let piece = Piece {
+            lstart: job.start,
+            est: data.len() as u64,
+            bytes: data,
+            plain: false,
+            frag: true,
+            refer: None,
+            sig: None,
+        };
+        // Only a fragment read by one job is hashed whole here.
+        let frag_hash = (job.hash_frag && job.whole).then(|| FragHash::of(&piece));
         return Ok(SegOut {
-            pieces: vec![Piece {
-                lstart: job.start,
-                est: data.len() as u64,
-                bytes: data,
-                plain: false,
-                frag: true,
-                refer: None,
-                sig: None,
-            }],
+            pieces: vec![piece],
             raw: None,
             shift: None,
             fed: 0,
+            frag_hash,
         });
     }
     let (pieces, fed) = compress_data(job, &data, comps, dst, c, bs)?;
+    let frag_hash = match pieces.last() {
+        Some(p) if p.frag && job.hash_frag && job.last => Some(FragHash::of(p)),
+        _ => None,
+    };
     if job.shift {
         // Matches keep clear of a fragment: no anchors there.
         let keep = match pieces.last() {
@@ -262,6 +298,7 @@ fn compress_segment(
             raw: None,
             shift: Some((data, anchors)),
             fed,
+            frag_hash,
         });
     }
     Ok(SegOut {
@@ -269,6 +306,7 @@ fn compress_segment(
         raw: job.whole.then_some(data),
         shift: None,
         fed,
+        frag_hash,
     })
 }
 
@@ -484,6 +522,7 @@ impl Recompress<'_> {
             last: false,
             frag: FragMode::None,
             shift: false,
+            hash_frag: false,
         };
         Ok(compress_data(&sub, data, self.comps, self.dst, self.c, self.bs)?.0)
     }
@@ -876,6 +915,8 @@ struct Pending {
     file: usize,
     /// Shifted-dedupe index entries this file added.
     shift_ids: Vec<u32>,
+    /// The hash of the file's fragment, when a worker computed it.
+    frag_hash: Option<FragHash>,
 }
 
 /// What the committer needs to know about each file to decide on inlining.
@@ -959,6 +1000,7 @@ pub fn store_all(
                 // Shifted matches need a few blocks on each side: small files are
                 // left to whole-file and pcluster dedupe.
                 shift: shift_on && f.size >= shift::MIN_FILE,
+                hash_frag: shift_on,
             });
             s = e;
         }
@@ -1012,6 +1054,7 @@ pub fn store_all(
                     inserted: Vec::new(),
                     file: job.file,
                     shift_ids: Vec::new(),
+                    frag_hash: None,
                 },
             ));
             if job.frag == FragMode::Whole {
@@ -1024,6 +1067,9 @@ pub fn store_all(
             return Ok(());
         };
         p.raw = seg.raw;
+        if seg.frag_hash.is_some() {
+            p.frag_hash = seg.frag_hash;
+        }
         fed += seg.fed;
         if p.whole_frag {
             let fs = frags
@@ -1424,7 +1470,7 @@ fn finish_file(
     let bs = 1u64 << bits;
     if p.whole_frag {
         let fs = frags.ok_or_else(|| BuildError::Options("internal: no fragment store".into()))?;
-        return Ok(Stored::Fragment(fs.end()? as u64));
+        return Ok(Stored::Fragment(fs.end_hashed(p.frag_hash.map(|h| h.hash))? as u64));
     }
     let bytes = p.raw.take();
     let Some(last) = p.last.take() else {
@@ -1530,8 +1576,9 @@ fn finish_with_fragment(
     pcl: Option<&mut PclMap>,
 ) -> Result<Stored> {
     let fs = frags.ok_or_else(|| BuildError::Options("internal: no fragment store".into()))?;
+    let hash = FragHash::for_piece(p.frag_hash, &last);
     if p.extents.is_empty() && last.lstart == 0 {
-        return Ok(Stored::Fragment(fs.add(&last.bytes)? as u64));
+        return Ok(Stored::Fragment(fs.add_hashed(&last.bytes, hash)? as u64));
     }
     // The fragment counts at what it compressed to alone, or its raw size (at most a
     // pcluster) when it was not compressed: in the packed inode it will take about
@@ -1539,7 +1586,7 @@ fn finish_with_fragment(
     if !shrinks(f, &p, last.est, bits) {
         return roll_back(f, &p, bytes, out, bits, next_blk, pcl);
     }
-    let id = fs.add(&last.bytes)?;
+    let id = fs.add_hashed(&last.bytes, hash)?;
     // The tail head's block address is never read (the extent is a fragment); like
     // the sentinel, it carries the running value so compact packs stay consecutive.
     let blkaddr = u32::try_from(*next_blk).unwrap_or(u32::MAX);

@@ -1154,6 +1154,8 @@ pub fn store_all(
 /// the calling thread. Workers take jobs in order and start job `i` only while it lies
 /// less than `window` input bytes past the first uncommitted job, so memory stays
 /// bounded while compression and commits overlap. The first error stops everything.
+/// With one thread (`-j 1`) there are no workers: the calling thread compresses each
+/// job and commits it, so the build uses one core, with the same output.
 fn run_ordered(
     jobs: &[Job],
     threads: usize,
@@ -1163,6 +1165,16 @@ fn run_ordered(
     progress: &crate::Progress,
     commit: &mut dyn FnMut(&Job, SegOut) -> Result<()>,
 ) -> Result<()> {
+    if threads <= 1 {
+        let mut comps = HashMap::new();
+        let mut dst = Vec::new();
+        for job in jobs {
+            let r = compress_segment(job, &mut comps, &mut dst, c, bs)?;
+            progress.add_done(job.end - job.start);
+            commit(job, r)?;
+        }
+        return Ok(());
+    }
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::{mpsc, Condvar, Mutex};
     // Input bytes before each job.

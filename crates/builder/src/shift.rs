@@ -8,12 +8,17 @@
 //! pcluster's data begins.
 //!
 //! How matches are found:
-//! - Workers cut every segment at content-defined *anchors*: positions where a gear
-//!   rolling hash of the 64 bytes before them has its top 8 bits clear (one in 256).
-//!   An anchor depends only on those 64 bytes, so repeated data has the same anchors
-//!   wherever it sits.
-//! - Each written pcluster is indexed by the hash of its first anchor (with its offset
-//!   from the pcluster's start) and the xxh3 of its first 4 KiB.
+//! - Workers cut every segment at content-defined *anchors*. The segment is read as
+//!   4-byte words, and a rolling hash runs over them (each step shifts the hash one
+//!   bit and adds the word times an odd constant, so a hash depends on the last 64
+//!   words: 256 bytes); a word end whose hash has its top 6 bits clear is an anchor
+//!   (one in 64 words, one in 256 bytes). An anchor depends only on those 256 bytes,
+//!   so repeated data has the same anchors wherever it sits, as long as it sits at
+//!   the same offset modulo 4.
+//! - Each written pcluster is indexed by its first anchor of each of the four word
+//!   alignments (its data read as words from its 1st, 2nd, 3rd and 4th byte) and the
+//!   xxh3 of its first 4 KiB: a repeat at any offset has one of the four where the
+//!   segment's scan looks.
 //! - The committer, in job order, looks every anchor of a new segment up. A hit gives
 //!   a candidate start; the 4 KiB hash filters it; the candidate's source bytes,
 //!   read again, confirm the match byte for byte and give its exact length. A match
@@ -41,89 +46,129 @@ pub const MIN_FILE: u64 = 16 << 10;
 /// Entries the index holds at most (about 56 MiB).
 const MAX_ENTRIES: usize = 1 << 20;
 
-/// The gear table: 256 fixed pseudo-random words (splitmix64 of a constant), none of
-/// which makes a run of one repeated byte an anchor (that would put an anchor at every
-/// position of a run of zeros).
-fn gear() -> &'static [u64; 256] {
-    static TABLE: std::sync::OnceLock<[u64; 256]> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| {
-        let mut t = [0u64; 256];
-        let mut x = 0x6665_726f_6673_u64;
-        let mut next = || {
-            x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = x;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        };
-        for v in t.iter_mut() {
-            // A run of byte b settles at sum(G[b] << k) = G[b] * (2^64 - 1) = -G[b].
-            // Bounded: each draw fails with probability 1/256.
-            for _ in 0..64 {
-                *v = next();
-                if !is_anchor(v.wrapping_neg()) {
-                    break;
-                }
+/// Bytes of a word of the rolling hash.
+pub const WORD: usize = 4;
+/// Words an anchor's hash depends on.
+const WINDOW_WORDS: usize = 64;
+/// Bytes of a piece scanned, per alignment, for its first anchor.
+const SIG_SCAN: usize = 16 << 10;
+/// Pclusters remembered per anchor hash (the first ones with it).
+pub const CANDIDATES: usize = 4;
+
+/// The multiplier of the rolling hash: odd, and such that no run of one byte (every
+/// word the same) settles on an anchor (that would put an anchor at every word of a
+/// run of zeros). A run of word w settles at t*(2^64-1) = -t, t its term.
+fn word_k() -> u64 {
+    static K: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *K.get_or_init(|| {
+        let mut k = 0x9e37_79b9_7f4a_7c15_u64;
+        // Bounded: each candidate fails with probability about 256/64.
+        for _ in 0..1000 {
+            let runs_clear = (0..=255u64).all(|b| {
+                let w = b * 0x0101_0101;
+                !is_anchor(word_term(w, k).wrapping_neg())
+            });
+            if runs_clear {
+                break;
             }
+            k = k.wrapping_add(0x6a09_e667_f3bc_c908) | 1;
         }
-        t
+        k
     })
 }
 
+/// What a word adds to the rolling hash (bit 32 set, so a zero word adds something).
+fn word_term(w: u64, k: u64) -> u64 {
+    (w | 1 << 32).wrapping_mul(k)
+}
+
 fn is_anchor(h: u64) -> bool {
-    h >> 56 == 0
+    h >> 58 == 0
 }
 
 /// Anchor positions and hashes.
 pub type Anchors = Vec<(u32, u64)>;
 
-/// Anchor positions of `data` (index of the anchor's last byte, at least 63) and their
-/// hashes, in order.
+/// Anchors of `data[from..]` read as words from `from`: the positions (index of an
+/// anchor's last byte, relative to `data`) and hashes, at most `cap`, in order.
+fn scan(data: &[u8], from: usize, cap: usize) -> Anchors {
+    let k = word_k();
+    let mut v = Vec::new();
+    let mut h = 0u64;
+    let Some(body) = data.get(from..) else {
+        return v;
+    };
+    for (i, c) in body.chunks_exact(WORD).enumerate() {
+        let w = <[u8; WORD]>::try_from(c).map_or(0, u32::from_le_bytes);
+        h = (h << 1).wrapping_add(word_term(u64::from(w), k));
+        if i + 1 >= WINDOW_WORDS && is_anchor(h) {
+            if v.len() >= cap {
+                break;
+            }
+            v.push(((from + WORD * i + WORD - 1) as u32, h));
+        }
+    }
+    v
+}
+
+/// Anchor positions of `data` (index of the anchor's last byte: 3 modulo 4, at least
+/// 255) and their hashes, in order; at most one in `MAX_ANCHOR_DENSITY` bytes.
 ///
-/// The hash at a position depends on the 64 bytes ending there only (each step shifts
-/// older bytes one bit further out), so four stretches of `data` are hashed side by
-/// side, each started 63 bytes early: one chain of dependent shift-and-adds a stretch,
-/// which the CPU runs in parallel (2.5-3x faster than one chain), with the same result.
+/// A hash depends on the 64 words before it only, so the two halves of `data` are
+/// hashed side by side, the second started 63 words early: two independent chains,
+/// which the CPU runs in parallel, with the result of one.
 pub fn anchors(data: &[u8]) -> Anchors {
-    const LANES: usize = 4;
     let cap = data.len() / MAX_ANCHOR_DENSITY + 16;
-    let n = data.len();
-    if n < 64 {
+    let words = data.len() / WORD;
+    if words < WINDOW_WORDS {
         return Vec::new();
     }
-    // Positions 63..n are split into LANES stretches of `step` (the last one shorter).
-    let step = (n - 63).div_ceil(LANES);
-    let g = gear();
-    let mut found: [Vec<(u32, u64)>; LANES] = Default::default();
-    let mut h = [0u64; LANES];
-    let mut at = [0usize; LANES];
-    let mut end = [0usize; LANES];
-    for l in 0..LANES {
-        let from = (63 + l * step).min(n);
-        end[l] = (from + step).min(n);
-        // Warm up on the 63 bytes before the stretch.
-        for &b in &data[from - 63..from] {
-            h[l] = (h[l] << 1).wrapping_add(g[usize::from(b)]);
+    let k = word_k();
+    let word = |i: usize| -> u64 {
+        data.get(WORD * i..WORD * i + WORD)
+            .and_then(|c| <[u8; WORD]>::try_from(c).ok())
+            .map_or(0, |c| u64::from(u32::from_le_bytes(c)))
+    };
+    // Anchor candidates: words 63..words, split in two stretches.
+    let first = WINDOW_WORDS - 1;
+    let half = (words - first).div_ceil(2);
+    let starts = [first, (first + half).min(words)];
+    let ends = [starts[1], words];
+    let mut h = [0u64; 2];
+    for l in 0..2 {
+        for i in starts[l] + 1 - WINDOW_WORDS..starts[l] {
+            h[l] = (h[l] << 1).wrapping_add(word_term(word(i), k));
         }
-        at[l] = from;
     }
-    // The lanes advance together while all have bytes left, then each finishes alone.
-    let common = (0..LANES).map(|l| end[l] - at[l]).min().unwrap_or(0);
-    for k in 0..common {
-        for l in 0..LANES {
-            let i = at[l] + k;
-            h[l] = (h[l] << 1).wrapping_add(g[usize::from(data[i])]);
-            // Each lane keeps at most `cap`: the first `cap` of all lie among those.
-            if is_anchor(h[l]) && found[l].len() < cap {
-                found[l].push((i as u32, h[l]));
+    let mut found: [Anchors; 2] = Default::default();
+    let (a, b) = (
+        data.get(WORD * starts[0]..WORD * ends[0]).unwrap_or(&[]),
+        data.get(WORD * starts[1]..).unwrap_or(&[]),
+    );
+    let (mut h0, mut h1) = (h[0], h[1]);
+    let mut n = 0usize;
+    for (i, (c0, c1)) in a.chunks_exact(WORD).zip(b.chunks_exact(WORD)).enumerate() {
+        let w0 = <[u8; WORD]>::try_from(c0).map_or(0, u32::from_le_bytes);
+        let w1 = <[u8; WORD]>::try_from(c1).map_or(0, u32::from_le_bytes);
+        h0 = (h0 << 1).wrapping_add(word_term(u64::from(w0), k));
+        h1 = (h1 << 1).wrapping_add(word_term(u64::from(w1), k));
+        if is_anchor(h0.min(h1)) {
+            for (l, hl) in [h0, h1].into_iter().enumerate() {
+                // Each stretch keeps at most `cap`: the first `cap` of all lie among those.
+                if is_anchor(hl) && found[l].len() < cap {
+                    found[l].push(((WORD * (starts[l] + i) + WORD - 1) as u32, hl));
+                }
             }
         }
+        n = i + 1;
     }
-    for l in 0..LANES {
-        for i in at[l] + common..end[l] {
-            h[l] = (h[l] << 1).wrapping_add(g[usize::from(data[i])]);
-            if is_anchor(h[l]) && found[l].len() < cap {
-                found[l].push((i as u32, h[l]));
+    // The longer first stretch (or an odd word) finishes alone.
+    let mut hh = [h0, h1];
+    for (l, hl) in hh.iter_mut().enumerate() {
+        for i in starts[l] + n..ends[l] {
+            *hl = (*hl << 1).wrapping_add(word_term(word(i), k));
+            if is_anchor(*hl) && found[l].len() < cap {
+                found[l].push(((WORD * i + WORD - 1) as u32, *hl));
             }
         }
     }
@@ -135,33 +180,44 @@ pub fn anchors(data: &[u8]) -> Anchors {
     v
 }
 
-/// How to recognise a written piece's data: its first anchor and first bytes.
+/// How to recognise a written piece's data: its first anchor of each word alignment
+/// and its first bytes.
 #[derive(Debug, Clone, Copy)]
 pub struct Sig {
-    pub anchor: u64,
-    /// Offset of the anchor from the piece's start.
-    pub anchor_off: u32,
+    /// Per alignment (the piece read as words from its byte 0, 1, 2, 3): the offset
+    /// from the piece's start and the hash of its first anchor, if its first bytes
+    /// have one.
+    pub anchors: [Option<(u32, u64)>; WORD],
     pub pre: u64,
     /// Logical bytes of the piece.
     pub len: u32,
 }
 
-/// The signature of the piece `data[start..start + len]` (positions relative to the
-/// segment whose `anchors` are given), if it has an anchor of its own.
-pub fn sig(data: &[u8], anchors: &[(u32, u64)], start: usize, len: usize) -> Option<Sig> {
+impl Sig {
+    /// The anchors a piece is found by: (offset from its start, hash).
+    pub fn keys(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.anchors.iter().flatten().copied()
+    }
+}
+
+/// The signature of the piece `data[start..start + len]`, if it has an anchor of its
+/// own within its first `SIG_SCAN` bytes.
+pub fn sig(data: &[u8], start: usize, len: usize) -> Option<Sig> {
     let end = start.checked_add(len)?;
     if end > data.len() || len < 2 * PRE.min(64) {
         return None;
     }
-    let from = start + 63;
-    let i = anchors.partition_point(|&(p, _)| (p as usize) < from);
-    let &(p, h) = anchors.get(i)?;
-    if p as usize >= end {
+    let stop = end.min(start.saturating_add(SIG_SCAN));
+    let piece = &data[start..stop];
+    let mut found: [Option<(u32, u64)>; WORD] = [None; WORD];
+    for (r, slot) in found.iter_mut().enumerate() {
+        *slot = scan(piece, r, 1).first().copied();
+    }
+    if found.iter().all(Option::is_none) {
         return None;
     }
     Some(Sig {
-        anchor: h,
-        anchor_off: (p as usize - start) as u32,
+        anchors: found,
         pre: xxhash_rust::xxh3::xxh3_64(&data[start..start + PRE.min(len)]),
         len: u32::try_from(len).ok()?,
     })
@@ -195,7 +251,8 @@ struct Entry {
 /// Every written pcluster with a signature, in write order.
 #[derive(Default)]
 pub struct Index {
-    by_anchor: HashMap<u64, u32>,
+    /// Anchor hash -> (entry, the anchor's offset from the pcluster's start).
+    by_anchor: HashMap<u64, Vec<(u32, u32)>>,
     entries: Vec<Entry>,
 }
 
@@ -219,9 +276,14 @@ impl Index {
             alg: u16::try_from(alg).ok()?,
             alive: true,
         });
-        // The first pcluster with an anchor keeps it: deterministic, and the oldest
+        // The first pclusters with an anchor keep it: deterministic, and the oldest
         // data is the likeliest to be repeated.
-        self.by_anchor.entry(sig.anchor).or_insert(id);
+        for (off, h) in sig.keys() {
+            let v = self.by_anchor.entry(h).or_default();
+            if v.len() < CANDIDATES {
+                v.push((id, off));
+            }
+        }
         Some(id)
     }
 
@@ -230,8 +292,10 @@ impl Index {
         for &id in ids {
             if let Some(e) = self.entries.get_mut(id as usize) {
                 e.alive = false;
-                if self.by_anchor.get(&e.sig.anchor) == Some(&id) {
-                    self.by_anchor.remove(&e.sig.anchor);
+                for (_, h) in e.sig.keys() {
+                    if let Some(v) = self.by_anchor.get_mut(&h) {
+                        v.retain(|x| x.0 != id);
+                    }
                 }
             }
         }
@@ -320,14 +384,40 @@ pub fn find(
     alg: usize,
     min_len: &dyn Fn(u16) -> usize,
 ) -> Result<Vec<Match>> {
-    let mut chain = Vec::new();
-    let Some(&first) = idx.by_anchor.get(&h) else {
-        return Ok(chain);
+    let Some(cands) = idx.by_anchor.get(&h) else {
+        return Ok(Vec::new());
     };
+    // Bounded: at most CANDIDATES entries a hash.
+    for &(first, anchor_off) in cands {
+        let chain = find_from(idx, ver, data, base, q, first, anchor_off, from, limit, alg, min_len)?;
+        if !chain.is_empty() {
+            return Ok(chain);
+        }
+    }
+    Ok(Vec::new())
+}
+
+/// [`find`] for one candidate: entry `first`, whose anchor lies `anchor_off` bytes
+/// into its data.
+#[allow(clippy::too_many_arguments)]
+fn find_from(
+    idx: &Index,
+    ver: &mut Verifier,
+    data: &[u8],
+    base: u64,
+    q: usize,
+    first: u32,
+    anchor_off: u32,
+    from: usize,
+    limit: usize,
+    alg: usize,
+    min_len: &dyn Fn(u16) -> usize,
+) -> Result<Vec<Match>> {
+    let mut chain = Vec::new();
     let Some(e) = idx.entries.get(first as usize) else {
         return Ok(chain);
     };
-    let Some(start) = q.checked_sub(e.sig.anchor_off as usize) else {
+    let Some(start) = q.checked_sub(anchor_off as usize) else {
         return Ok(chain);
     };
     if start < from || start >= limit {
@@ -374,44 +464,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lanes_give_the_serial_anchors() {
-        // One chain over the whole input, as the definition reads.
-        fn serial(data: &[u8]) -> Anchors {
-            let g = gear();
-            let cap = data.len() / MAX_ANCHOR_DENSITY + 16;
-            let (mut h, mut v) = (0u64, Vec::new());
-            for (i, &b) in data.iter().enumerate() {
-                h = (h << 1).wrapping_add(g[usize::from(b)]);
-                if i >= 63 && is_anchor(h) {
-                    if v.len() >= cap {
-                        break;
-                    }
-                    v.push((i as u32, h));
-                }
-            }
-            v
-        }
-        let mut x = 12345u64;
-        let data: Vec<u8> = (0..300_000)
-            .map(|_| {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                (x >> 33) as u8
-            })
-            .collect();
-        for len in [
-            0, 1, 63, 64, 65, 66, 67, 100, 127, 128, 1000, 4099, 65_536, 300_000,
-        ] {
-            assert_eq!(anchors(&data[..len]), serial(&data[..len]), "len {len}");
-        }
-        // Dense anchors (a table-hitting pattern) stop at the cap, in order.
-        let dense: Vec<u8> = (0..50_000u32).map(|i| (i % 7) as u8).collect();
-        assert_eq!(anchors(&dense), serial(&dense));
-    }
-
-    #[test]
-    fn anchors_depend_only_on_the_last_64_bytes() {
+    fn anchors_depend_only_on_the_last_256_bytes_at_one_alignment() {
         let mut x = 1u64;
         let data: Vec<u8> = (0..200_000)
             .map(|_| {
@@ -421,17 +474,69 @@ mod tests {
                 x as u8
             })
             .collect();
+        // A copy shifted by a multiple of 4 has the same anchors past its first 256 bytes.
         let a = anchors(&data[1000..]);
-        let b = anchors(&data[3..]);
-        // Every anchor of the shorter copy is an anchor of the longer one, shifted.
+        let b = anchors(&data[4..]);
         let shifted: Vec<(u32, u64)> = b
             .iter()
-            .filter(|&&(p, _)| p as usize >= 997 + 63)
-            .map(|&(p, h)| (p - 997, h))
+            .filter(|&&(p, _)| p as usize >= 996 + 255)
+            .map(|&(p, h)| (p - 996, h))
             .collect();
         assert_eq!(a, shifted);
-        // About one in 256 positions.
-        assert!(a.len() > 400 && a.len() < 1200, "{} anchors", a.len());
+        // About one in 256 bytes.
+        assert!(a.len() > 500 && a.len() < 1100, "{} anchors", a.len());
+        // A piece's signature finds its data at any shift: the anchor of the
+        // alignment the scan uses is one of the piece's keys.
+        for s in 1000..1004usize {
+            let sg = sig(&data, s, 20_000).expect("signed");
+            let seg = &data[s - 600..];
+            let hit = anchors(seg).into_iter().any(|(q, h)| {
+                sg.keys()
+                    .any(|(off, k)| k == h && q as usize >= off as usize && q as usize - off as usize == 600)
+            });
+            assert!(hit, "shift {s}");
+        }
+    }
+
+    #[test]
+    fn two_stretches_give_the_serial_anchors() {
+        let mut x = 12345u64;
+        let data: Vec<u8> = (0..300_000)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (x >> 33) as u8
+            })
+            .collect();
+        for len in [0, 3, 255, 256, 259, 260, 261, 1000, 4099, 65_536, 300_000] {
+            let cap = len / MAX_ANCHOR_DENSITY + 16;
+            assert_eq!(anchors(&data[..len]), scan(&data[..len], 0, cap), "len {len}");
+        }
+        let dense: Vec<u8> = (0..50_000u32).map(|i| (i % 12) as u8).collect();
+        let cap = dense.len() / MAX_ANCHOR_DENSITY + 16;
+        assert_eq!(anchors(&dense), scan(&dense, 0, cap));
+    }
+
+    #[test]
+    #[ignore]
+    fn anchors_speed() {
+        let mut x = 99u64;
+        let data: Vec<u8> = (0..(64 << 20))
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (x >> 40) as u8
+            })
+            .collect();
+        let t = std::time::Instant::now();
+        let mut n = 0;
+        for _ in 0..5 {
+            n += anchors(&data).len();
+        }
+        let s = t.elapsed().as_secs_f64();
+        println!("anchors: {:.2} GB/s ({n})", 5.0 * data.len() as f64 / s / 1e9);
     }
 
     #[test]

@@ -588,6 +588,7 @@ fn local_chain(
     n: usize,
     k: usize,
     sg: shift::Sig,
+    anchor_off: u32,
     data: &[u8],
     base: u64,
     q: usize,
@@ -598,7 +599,7 @@ fn local_chain(
 ) -> Vec<shift::Match> {
     let bs_blocks = |p: &Piece| -> u16 { u16::try_from(piece_blocks(p, bs)).unwrap_or(u16::MAX) };
     let mut chain = Vec::new();
-    let Some(start) = q.checked_sub(sg.anchor_off as usize) else {
+    let Some(start) = q.checked_sub(anchor_off as usize) else {
         return chain;
     };
     let end_of = |k: usize| starts.get(k + 1).copied().unwrap_or(n);
@@ -685,14 +686,19 @@ fn rework(
     // Every piece is signed here, for later data to match it; pieces compressed
     // again around a match are signed at the end.
     let mut pieces = pieces;
-    let mut local: HashMap<u64, (usize, shift::Sig)> = HashMap::new();
+    let mut local: HashMap<u64, Vec<(usize, u32, shift::Sig)>> = HashMap::new();
     for (k, q) in pieces.iter_mut().enumerate() {
         if q.frag {
             continue;
         }
-        q.sig = shift::sig(data, anchors, starts[k], end_of(k) - starts[k]);
+        q.sig = shift::sig(data, starts[k], end_of(k) - starts[k]);
         if let (Some(sg), true) = (q.sig, end_of(k) <= limit) {
-            local.entry(sg.anchor).or_insert((k, sg));
+            for (off, h) in sg.keys() {
+                let v = local.entry(h).or_default();
+                if v.len() < shift::CANDIDATES {
+                    v.push((k, off, sg));
+                }
+            }
         }
     }
     let mut slots: Vec<Option<Piece>> = pieces.into_iter().map(Some).collect();
@@ -715,10 +721,14 @@ fn rework(
             &m.shift, &mut ver, data, base, q, h, from, limit, p.alg, &min_len,
         )?;
         if chain.is_empty() {
-            if let Some(&(k, sg)) = local.get(&h) {
+            // Bounded: at most CANDIDATES a hash.
+            for &(k, off, sg) in local.get(&h).map_or(&[][..], Vec::as_slice) {
                 chain = local_chain(
-                    &slots, &starts, n, k, sg, data, base, q, from, limit, bs, &min_len,
+                    &slots, &starts, n, k, sg, off, data, base, q, from, limit, bs, &min_len,
                 );
+                if !chain.is_empty() {
+                    break;
+                }
             }
         }
         if chain.is_empty() {
@@ -885,7 +895,7 @@ fn rework(
         let s = (out[i].lstart - base) as usize;
         let e = out.get(i + 1).map_or(n, |q| (q.lstart - base) as usize);
         if out[i].sig.is_none() && out[i].refer.is_none() && !out[i].frag {
-            out[i].sig = shift::sig(data, anchors, s, e - s);
+            out[i].sig = shift::sig(data, s, e - s);
         }
     }
     Ok(out)

@@ -24,8 +24,10 @@ pub struct MountArgs {
     /// Stay in the foreground (serve until unmounted or interrupted).
     #[arg(short = 'f', long)]
     foreground: bool,
-    /// Mount options, comma-separated: allow_other, cache=SIZE, threads=N, ra_threads=N,
-    /// suid, dev, default_permissions (default), no_default_permissions, ro.
+    /// Mount options, comma-separated: allow_other, cache=SIZE, preload=SIZE (metadata
+    /// read into memory at mount, default 16m; for URLs default 0), nopreload (=
+    /// preload=0), threads=N, ra_threads=N, suid, dev, default_permissions (default),
+    /// no_default_permissions, ro.
     #[arg(short = 'o', value_name = "OPTS")]
     options: Vec<String>,
     /// Byte offset of the image inside the file.
@@ -49,6 +51,11 @@ fn options(a: &MountArgs) -> Result<ferofs_mount::Options> {
     o.offset = a.offset;
     o.record_access = a.record_access.clone();
     o.verbose = a.verbose;
+    // A URL: a walk at mount would be a round trip per metadata block; the remote
+    // source fetches the metadata region ahead instead (`prefetch_metadata`).
+    if crate::source::is_url(&a.image) {
+        o.preload_bytes = 0;
+    }
     for opt in a
         .options
         .iter()
@@ -70,6 +77,12 @@ fn options(a: &MountArgs) -> Result<ferofs_mount::Options> {
                 let n = crate::source::parse_size("cache=", v.context("-o cache needs a size")?)?;
                 o.cache_bytes = usize::try_from(n).context("cache=: too large")?;
             }
+            "preload" => {
+                let n =
+                    crate::source::parse_size("preload=", v.context("-o preload needs a size")?)?;
+                o.preload_bytes = usize::try_from(n).context("preload=: too large")?;
+            }
+            "nopreload" => o.preload_bytes = 0,
             "threads" => o.threads = num(v)?.clamp(1, 256),
             "ra_threads" => o.prefetch_threads = num(v)?.min(64),
             "suid" => o.suid = true,

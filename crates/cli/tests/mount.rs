@@ -721,3 +721,112 @@ fn signals_and_fusermount_unmount() {
     drop(held);
     wait_exit(m.pid, "SIGTERM on a busy mount");
 }
+
+/// Everything a metadata walk sees below `root`: per path, the lstat fields, the
+/// symlink target, the listing (name, d_ino) of a directory and every xattr (name,
+/// value). The first error ends the walk.
+fn metadata_walk(root: &Path) -> std::io::Result<BTreeMap<PathBuf, String>> {
+    let mut out = BTreeMap::new();
+    let mut todo = vec![PathBuf::new()];
+    // Bounded by the tree (an image of a few hundred entries).
+    while let Some(rel) = todo.pop() {
+        let p = root.join(&rel);
+        let m = fs::symlink_metadata(&p)?;
+        let mut row = format!(
+            "{} {} {} {:o} {} {} {} {} {}.{}",
+            m.ino(),
+            m.nlink(),
+            m.blocks(),
+            m.mode(),
+            m.uid(),
+            m.gid(),
+            m.size(),
+            m.rdev(),
+            m.mtime(),
+            m.mtime_nsec()
+        );
+        if m.file_type().is_symlink() {
+            row += &format!(" -> {:?}", fs::read_link(&p)?);
+        }
+        let mut names: Vec<_> = xattr::list(&p)?.collect();
+        names.sort();
+        for n in names {
+            let v = xattr::get(&p, &n)?;
+            row += &format!(" {n:?}={v:?}");
+        }
+        if m.is_dir() {
+            let mut ents = Vec::new();
+            for e in fs::read_dir(&p)? {
+                let e = e?;
+                ents.push((e.file_name(), e.ino()));
+            }
+            ents.sort();
+            row += &format!(" {ents:?}");
+            todo.extend(ents.into_iter().map(|(n, _)| rel.join(n)));
+        }
+        out.insert(rel, row);
+    }
+    Ok(out)
+}
+
+/// Issue 13: the metadata is read into the daemon at mount (`-o preload`, on by
+/// default), so a full metadata walk (lstat, readdir, readlink, xattrs) after the mount
+/// needs no image read at all: the image file is truncated to nothing once mounted, and
+/// the walk must still see what the kernel's mount of the same image shows. With `-o
+/// nopreload` the same walk fails (the control: the truncation does bite).
+#[test]
+fn metadata_walk_needs_no_image_read_after_mount() {
+    if !fuse_available("metadata_walk_needs_no_image_read_after_mount") {
+        return;
+    }
+    let (fs_, tree) = make_tree();
+    let built = fs_.path().join("lz4-4k.erofs");
+    build(&tree, &built, &["-z", "lz4", "-C", "4096"]);
+    let mut images = vec![("ferofs lz4-4k".to_string(), built)];
+    for g in [
+        "lz4hc",
+        "plain-xattr-prefix",
+        "lz4hc-metabox",
+        "plain-chunk64k",
+    ] {
+        images.push((
+            format!("mkfs.erofs {g}"),
+            golden(&format!("erofs-utils-1.9.3/{g}.erofs.zst")),
+        ));
+    }
+    for (what, img) in images {
+        let k = Mount::erofs(&img);
+        let want = metadata_walk(k.path()).expect("walk of the kernel mount");
+        for opts in [&[][..], &["-o", "nopreload"][..]] {
+            let copy = fs_.path().join("copy.erofs");
+            fs::copy(&img, &copy).expect("copy image");
+            let m = Fuse::new(&copy, opts);
+            fs::OpenOptions::new()
+                .write(true)
+                .open(&copy)
+                .and_then(|f| f.set_len(0))
+                .expect("truncate the image");
+            let got = metadata_walk(m.path());
+            if opts.is_empty() {
+                let got = got.unwrap_or_else(|e| {
+                    panic!("{what}: metadata walk read the image after mount: {e}")
+                });
+                let diffs: Vec<String> = want
+                    .iter()
+                    .filter(|(p, v)| got.get(*p) != Some(v))
+                    .take(5)
+                    .map(|(p, v)| format!("{}: kernel {v} fuse {:?}", p.display(), got.get(p)))
+                    .collect();
+                assert!(diffs.is_empty(), "{what}: differs:\n{}", diffs.join("\n"));
+                assert_eq!(want.len(), got.len(), "{what}: entry counts differ");
+            } else {
+                assert!(
+                    got.is_err(),
+                    "{what}: with -o nopreload the walk did not need the image"
+                );
+            }
+            m.unmount();
+            fs::remove_file(&copy).expect("remove copy");
+        }
+    }
+}

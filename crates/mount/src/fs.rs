@@ -15,7 +15,7 @@ use fuser::{
     ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
 };
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -47,6 +47,14 @@ const PREFETCH_BYTES: u64 = 512 << 10;
 const AHEAD_FILES: usize = 8;
 const AHEAD_MAX_FILE: u64 = 1 << 20;
 const AHEAD_BYTES: u64 = 2 << 20;
+
+/// Small-file warm-up (see `Shared::warm`): files up to this size, stored bytes read
+/// at once at most, extents looked at. With 4,000 random 4 KiB reads over the rootfs
+/// files above 64 KiB (three quarters of them at most 256 KiB), cold: 3,285 device
+/// reads without, 1,930 with (1 MiB: 1,420, but no faster).
+const WARM_MAX_FILE: u64 = 256 << 10;
+const WARM_MAX_STORED: u64 = 512 << 10;
+const WARM_MAX_EXTENTS: usize = 1024;
 
 /// Most bytes one FUSE read returns (the kernel asks for at most max_pages pages).
 const MAX_READ: u32 = 16 << 20;
@@ -291,6 +299,32 @@ impl<S: Source> Shared<S> {
             pos = s_end;
         }
         Ok(())
+    }
+
+    /// Read the stored bytes of small file `ino` in one read (into the kernel's page
+    /// cache of the image), when they lie together (their span at most twice what is
+    /// stored): the first random read of a small file pays one device read for the
+    /// whole file instead of one for each later read of another part of it. Best
+    /// effort: an error here is met again by the read itself.
+    fn warm(&self, ino: &Inode) {
+        let Ok(exts) = self.img.extents(ino) else {
+            return;
+        };
+        let (mut lo, mut hi, mut stored) = (u64::MAX, 0u64, 0u64);
+        for e in exts.iter().take(WARM_MAX_EXTENTS) {
+            if let Some(p) = e.physical {
+                lo = lo.min(p);
+                hi = hi.max(p.saturating_add(e.stored));
+                stored = stored.saturating_add(e.stored);
+            }
+        }
+        let span = hi.saturating_sub(lo);
+        if span == 0 || span > WARM_MAX_STORED || span > stored.saturating_mul(2) {
+            return;
+        }
+        let Ok(n) = usize::try_from(span) else { return };
+        let mut buf = vec![0u8; n];
+        let _ = self.img.source().read_exact_at(&mut buf, lo);
     }
 
     /// Decode the extents of `[from, to)` into the cache (read-ahead).
@@ -556,11 +590,26 @@ impl DirAhead {
 #[derive(Default)]
 struct Streams {
     shards: [Mutex<HashMap<u64, u64>>; 16],
+    /// Files whose stored bytes were read whole at their first random read.
+    warmed: [Mutex<HashSet<u64>>; 16],
 }
+
+const WARMED_PER_SHARD: usize = 4096;
 
 const STREAMS_PER_SHARD: usize = 256;
 
 impl Streams {
+    /// True the first time `node` is read at random (bounded as `sequential`).
+    fn first_random(&self, node: u64) -> bool {
+        let Some(Ok(mut g)) = self.warmed.get((node % 16) as usize).map(|m| m.lock()) else {
+            return false;
+        };
+        if g.len() >= WARMED_PER_SHARD {
+            g.clear();
+        }
+        g.insert(node)
+    }
+
     /// Record a read of [off, end) of `node`; true when it continued the previous one
     /// (or starts the file).
     fn sequential(&self, node: u64, off: u64, end: u64) -> bool {
@@ -688,7 +737,12 @@ impl<S: Source + 'static> ErofsFs<S> {
         if sequential {
             sh.read_into(&ino, off, buf)?;
         } else {
-            source::random_reads(|| sh.read_into(&ino, off, buf))?;
+            source::random_reads(|| {
+                if ino.size <= WARM_MAX_FILE && self.streams.first_random(node) {
+                    sh.warm(&ino);
+                }
+                sh.read_into(&ino, off, buf)
+            })?;
         }
         if off == 0 && end == ino.size && ino.is_regular() {
             if let (Some(tx), Some(job)) = (&self.prefetch, self.dir_ahead.read_whole(nid)) {
@@ -1229,6 +1283,17 @@ mod tests {
         for n in 0..10_000u64 {
             s.sequential(n * 16, 0, 1);
         }
+        assert!(s.first_random(5));
+        assert!(!s.first_random(5));
+        for n in 0..100_000u64 {
+            s.first_random(n * 16);
+        }
+        let warmed: usize = s
+            .warmed
+            .iter()
+            .map(|m| m.lock().map_or(0, |g| g.len()))
+            .sum();
+        assert!(warmed <= 16 * WARMED_PER_SHARD, "{warmed}");
         let held: usize = s
             .shards
             .iter()

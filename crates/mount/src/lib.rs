@@ -8,7 +8,9 @@
 //! How a request flows:
 //!
 //! - [`mount`] opens the image (at `--offset`), checks the superblock and the root
-//!   inode, mounts, and returns once the kernel's INIT handshake is done: the mount is
+//!   inode, reads the image's metadata into memory (`preload`: every block a walk of
+//!   the whole tree touches, up to `preload_bytes`, served from memory for the mount's
+//!   life), mounts, and returns once the kernel's INIT handshake is done: the mount is
 //!   usable when it returns, and every error before that is the caller's to report.
 //! - [`Mounted::run`] serves until the filesystem is unmounted (`umount`,
 //!   `fusermount3 -u`) or SIGINT/SIGTERM/SIGHUP arrives (then it unmounts itself).
@@ -30,10 +32,12 @@
 
 mod cache;
 mod fs;
+mod preload;
 mod record;
 mod source;
 
 pub use fs::{ErofsFs, FsOptions};
+pub use preload::DEFAULT_PRELOAD_BYTES;
 pub use source::OffsetFile;
 
 use ferofs_reader::{Image, Source};
@@ -50,6 +54,9 @@ pub struct Options {
     pub offset: u64,
     /// Budget of decoded data and metadata kept in memory.
     pub cache_bytes: usize,
+    /// Image blocks of metadata read at mount and kept for the mount's life, at most
+    /// (0: none; see `preload`). On top of `cache_bytes`.
+    pub preload_bytes: usize,
     /// Request threads (event loops).
     pub threads: usize,
     /// Read-ahead threads (0: none).
@@ -73,6 +80,7 @@ impl Options {
             mountpoint: mountpoint.into(),
             offset: 0,
             cache_bytes: DEFAULT_CACHE_BYTES,
+            preload_bytes: DEFAULT_PRELOAD_BYTES,
             threads: (2 * cores).clamp(4, 16),
             prefetch_threads: cores.clamp(1, 4),
             allow_other: false,
@@ -120,14 +128,14 @@ pub enum MountError {
 
 /// A mounted image, ready to serve.
 pub struct Mounted {
-    session: Session<ErofsFs<ImageSource>>,
+    session: Session<ErofsFs<Served>>,
     /// Registered before the mount, so a signal that comes before [`Mounted::run`]
     /// unmounts too (and does not kill the daemon with the mount left behind).
     signals: signal_hook::iterator::Signals,
     unmounter: SessionUnmounter,
     mountpoint: PathBuf,
     record: Option<(PathBuf, Arc<record::Recorder>)>,
-    shared: Arc<fs::Shared<ImageSource>>,
+    shared: Arc<fs::Shared<Served>>,
     verbose: bool,
 }
 
@@ -158,6 +166,9 @@ impl Source for ImageSource {
     }
 }
 
+/// What the reader reads: the image, its metadata blocks kept in memory from mount.
+type Served = preload::Pinned<ImageSource>;
+
 /// Open the image file (`o.image` at `o.offset`), mount it and complete the kernel
 /// handshake.
 pub fn mount(o: &Options) -> Result<Mounted, MountError> {
@@ -180,6 +191,10 @@ pub fn mount(o: &Options) -> Result<Mounted, MountError> {
 
 /// Mount the image in `src` (`o.image` names it; `o.offset` is not used), as [`mount`].
 pub fn mount_source(o: &Options, src: ImageSource) -> Result<Mounted, MountError> {
+    let src = preload::Pinned::new(src, o.preload_bytes).map_err(|e| MountError::Open {
+        path: shown(&o.image),
+        source: e,
+    })?;
     let img = Image::new(src).map_err(|e| MountError::Image {
         path: shown(&o.image),
         source: e,
@@ -201,6 +216,11 @@ pub fn mount_source(o: &Options, src: ImageSource) -> Result<Mounted, MountError
         path: shown(&o.image),
         source: e,
     })?;
+    // Metadata into memory before the mount is up (best effort: never fails).
+    let pre = preload::preload(&img);
+    if o.verbose && o.preload_bytes > 0 {
+        eprintln!("ferofs mount: {}", pre.line());
+    }
     let root_nid = img.root_nid();
     let record = match &o.record_access {
         Some(p) => Some((

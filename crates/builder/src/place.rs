@@ -241,7 +241,13 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
 }
 
 /// What part of a file of `size` bytes goes to the packed inode.
-fn frag_mode(o: &BuildOptions, c: &zdata::Compression, rel: &[u8], size: u64, listed: bool) -> FragMode {
+fn frag_mode(
+    o: &BuildOptions,
+    c: &zdata::Compression,
+    rel: &[u8],
+    size: u64,
+    listed: bool,
+) -> FragMode {
     let (_, pcl) = zdata::policy(c, rel);
     match o.fragments {
         // Listed files stay together in the data region.

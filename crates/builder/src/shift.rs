@@ -389,7 +389,9 @@ pub fn find(
     };
     // Bounded: at most CANDIDATES entries a hash.
     for &(first, anchor_off) in cands {
-        let chain = find_from(idx, ver, data, base, q, first, anchor_off, from, limit, alg, min_len)?;
+        let chain = find_from(
+            idx, ver, data, base, q, first, anchor_off, from, limit, alg, min_len,
+        )?;
         if !chain.is_empty() {
             return Ok(chain);
         }
@@ -491,8 +493,9 @@ mod tests {
             let sg = sig(&data, s, 20_000).expect("signed");
             let seg = &data[s - 600..];
             let hit = anchors(seg).into_iter().any(|(q, h)| {
-                sg.keys()
-                    .any(|(off, k)| k == h && q as usize >= off as usize && q as usize - off as usize == 600)
+                sg.keys().any(|(off, k)| {
+                    k == h && q as usize >= off as usize && q as usize - off as usize == 600
+                })
             });
             assert!(hit, "shift {s}");
         }
@@ -511,7 +514,11 @@ mod tests {
             .collect();
         for len in [0, 3, 255, 256, 259, 260, 261, 1000, 4099, 65_536, 300_000] {
             let cap = len / MAX_ANCHOR_DENSITY + 16;
-            assert_eq!(anchors(&data[..len]), scan(&data[..len], 0, cap), "len {len}");
+            assert_eq!(
+                anchors(&data[..len]),
+                scan(&data[..len], 0, cap),
+                "len {len}"
+            );
         }
         let dense: Vec<u8> = (0..50_000u32).map(|i| (i % 12) as u8).collect();
         let cap = dense.len() / MAX_ANCHOR_DENSITY + 16;
@@ -536,7 +543,10 @@ mod tests {
             n += anchors(&data).len();
         }
         let s = t.elapsed().as_secs_f64();
-        println!("anchors: {:.2} GB/s ({n})", 5.0 * data.len() as f64 / s / 1e9);
+        println!(
+            "anchors: {:.2} GB/s ({n})",
+            5.0 * data.len() as f64 / s / 1e9
+        );
     }
 
     #[test]

@@ -1492,7 +1492,9 @@ fn finish_file(
     let bs = 1u64 << bits;
     if p.whole_frag {
         let fs = frags.ok_or_else(|| BuildError::Options("internal: no fragment store".into()))?;
-        return Ok(Stored::Fragment(fs.end_hashed(p.frag_hash.map(|h| h.hash))? as u64));
+        return Ok(Stored::Fragment(
+            fs.end_hashed(p.frag_hash.map(|h| h.hash))? as u64,
+        ));
     }
     let bytes = p.raw.take();
     let Some(last) = p.last.take() else {

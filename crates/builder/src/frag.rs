@@ -244,12 +244,19 @@ fn read_exact(f: &File, path: &Path, buf: &mut [u8], off: u64) -> Result<()> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn equal_fragments_are_stored_once_with_dedupe() -> Result<()> {
+    /// A fragment store on a spool in a fresh temporary directory (kept alive by the
+    /// returned guard).
+    fn store(dedupe: bool) -> Result<(tempfile::TempDir, FragStore)> {
         let dir = tempfile::tempdir().map_err(io_err(Path::new("."), "tempdir"))?;
         let spool =
             tempfile::NamedTempFile::new_in(dir.path()).map_err(io_err(dir.path(), "spool"))?;
-        let mut s = FragStore::new(spool, true)?;
+        let s = FragStore::new(spool, dedupe)?;
+        Ok((dir, s))
+    }
+
+    #[test]
+    fn equal_fragments_are_stored_once_with_dedupe() -> Result<()> {
+        let (_dir, mut s) = store(true)?;
         let a = s.add(b"hello")?;
         let b = s.add(b"int x;")?;
         s.begin();
@@ -270,10 +277,7 @@ mod tests {
 
     #[test]
     fn fragments_of_one_length_are_hashed_when_they_meet() -> Result<()> {
-        let dir = tempfile::tempdir().map_err(io_err(Path::new("."), "tempdir"))?;
-        let spool =
-            tempfile::NamedTempFile::new_in(dir.path()).map_err(io_err(dir.path(), "spool"))?;
-        let mut s = FragStore::new(spool, true)?;
+        let (_dir, mut s) = store(true)?;
         // "abc" waits unhashed until "xyz" has its length; the third meets the first.
         let ids = [
             s.add(b"abc")?,
@@ -293,10 +297,7 @@ mod tests {
 
     #[test]
     fn handed_in_hashes_meet_hashes_read_from_the_spool() -> Result<()> {
-        let dir = tempfile::tempdir().map_err(io_err(Path::new("."), "tempdir"))?;
-        let spool =
-            tempfile::NamedTempFile::new_in(dir.path()).map_err(io_err(dir.path(), "spool"))?;
-        let mut s = FragStore::new(spool, true)?;
+        let (_dir, mut s) = store(true)?;
         // Longer than one spool read, so the spool's hash is computed in chunks.
         let big: Vec<u8> = (0..(CMP_CHUNK as usize + 12_345))
             .map(|i| (i * 7 % 251) as u8)
@@ -317,10 +318,7 @@ mod tests {
 
     #[test]
     fn without_dedupe_equal_fragments_are_stored_twice() -> Result<()> {
-        let dir = tempfile::tempdir().map_err(io_err(Path::new("."), "tempdir"))?;
-        let spool =
-            tempfile::NamedTempFile::new_in(dir.path()).map_err(io_err(dir.path(), "spool"))?;
-        let mut s = FragStore::new(spool, false)?;
+        let (_dir, mut s) = store(false)?;
         s.add(b"same")?;
         s.add(b"same")?;
         let p = s.finish();

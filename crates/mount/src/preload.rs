@@ -50,15 +50,7 @@ thread_local! {
 }
 
 fn pinning<T>(f: impl FnOnce() -> T) -> T {
-    struct Reset;
-    impl Drop for Reset {
-        fn drop(&mut self) {
-            PINNING.with(|p| p.set(false));
-        }
-    }
-    PINNING.with(|p| p.set(true));
-    let _reset = Reset;
-    f()
+    crate::source::with_flag(&PINNING, f)
 }
 
 /// Blocks being kept, during the walk.

@@ -17,17 +17,25 @@ thread_local! {
     static RANDOM: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Run `f` with this thread's image reads going through the random-access file.
-pub(crate) fn random_reads<T>(f: impl FnOnce() -> T) -> T {
-    struct Reset;
+/// Run `f` with the thread-local flag `flag` set, cleared again however `f` ends.
+pub(crate) fn with_flag<T>(
+    flag: &'static std::thread::LocalKey<Cell<bool>>,
+    f: impl FnOnce() -> T,
+) -> T {
+    struct Reset(&'static std::thread::LocalKey<Cell<bool>>);
     impl Drop for Reset {
         fn drop(&mut self) {
-            RANDOM.with(|r| r.set(false));
+            self.0.with(|r| r.set(false));
         }
     }
-    RANDOM.with(|r| r.set(true));
-    let _reset = Reset;
+    flag.with(|r| r.set(true));
+    let _reset = Reset(flag);
     f()
+}
+
+/// Run `f` with this thread's image reads going through the random-access file.
+pub(crate) fn random_reads<T>(f: impl FnOnce() -> T) -> T {
+    with_flag(&RANDOM, f)
 }
 
 /// A [`Source`] over `file[offset..]`.

@@ -140,18 +140,26 @@ impl Reader<'_> {
                     .checked_add(buf.len() as u64)
                     .filter(|&e| e <= self.size)
                     .ok_or(std::io::ErrorKind::UnexpectedEof)?;
-                buf.fill(0);
-                // Bounded by the number of segments.
+                // Bounded by the number of segments; holes (before, between and after
+                // the segments read) are zeroed.
                 let first = segs.partition_point(|s| s.start + s.len <= off);
+                let mut pos = off;
                 for s in &segs[first..] {
                     if s.start >= end {
                         break;
                     }
-                    let a = s.start.max(off);
+                    // `max(pos)`: a no-op while the segments do not overlap.
+                    let a = s.start.max(pos);
                     let b = (s.start + s.len).min(end);
+                    if a >= b {
+                        continue;
+                    }
+                    buf[(pos - off) as usize..(a - off) as usize].fill(0);
                     let dst = &mut buf[(a - off) as usize..(b - off) as usize];
                     self.f.read_exact_at(dst, s.at + (a - s.start))?;
+                    pos = b;
                 }
+                buf[(pos - off) as usize..].fill(0);
                 Ok(())
             }
         }

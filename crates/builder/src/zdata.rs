@@ -230,6 +230,10 @@ fn segment_size(pcluster: u32) -> u64 {
 }
 /// Input bytes handed to the workers at once.
 const WINDOW_BYTES: u64 = 64 << 20;
+/// Consecutive jobs a worker takes at once, up to this many input bytes (a bigger job
+/// goes alone): one hand-off per batch instead of one per small file, whose thread
+/// wake-ups cost more than compressing the file.
+const BATCH_BYTES: u64 = 1 << 20;
 
 /// The pcluster size and algorithm index for a file.
 pub fn policy(c: &Compression, rel: &[u8]) -> (usize, u32) {
@@ -1161,9 +1165,10 @@ pub fn store_all(
 }
 
 /// Run `jobs` on `threads` workers and hand each result to `commit` in job order, on
-/// the calling thread. Workers take jobs in order and start job `i` only while it lies
-/// less than `window` input bytes past the first uncommitted job, so memory stays
-/// bounded while compression and commits overlap. The first error stops everything.
+/// the calling thread. Workers take batches of consecutive jobs (about `BATCH_BYTES`
+/// of input) in order and start a batch only while it lies less than `window` input
+/// bytes past the first uncommitted job, so memory stays bounded while compression and
+/// commits overlap. The first error stops everything.
 /// With one thread (`-j 1`) there are no workers: the calling thread compresses each
 /// job and commits it, so the build uses one core, with the same output.
 fn run_ordered(
@@ -1195,6 +1200,13 @@ fn run_ordered(
         acc += j.end - j.start;
     }
     cum.push(acc);
+    // Batch b is jobs `bounds[b]..bounds[b + 1]`.
+    let mut bounds = vec![0usize];
+    for i in 1..=jobs.len() {
+        if i == jobs.len() || cum[i] - cum[bounds[bounds.len() - 1]] >= BATCH_BYTES {
+            bounds.push(i);
+        }
+    }
     let next = AtomicUsize::new(0);
     let committed = Mutex::new(0u64);
     let moved = Condvar::new();
@@ -1213,55 +1225,76 @@ fn run_ordered(
             }
         }
     }
-    let (tx, rx) = mpsc::channel::<(usize, Result<SegOut>)>();
+    // Per batch: the results of its jobs, in order, up to the first error.
+    type Batch = Vec<Result<SegOut>>;
+    let (tx, rx) = mpsc::channel::<(usize, Batch)>();
     std::thread::scope(|s| {
         for _ in 0..threads.max(1) {
             let tx = tx.clone();
-            let (next, committed, moved, stop, cum, halt) =
-                (&next, &committed, &moved, &stop, &cum, &halt);
+            let (next, committed, moved, stop, cum, halt, bounds) =
+                (&next, &committed, &moved, &stop, &cum, &halt, &bounds);
             s.spawn(move || {
                 let _guard = OnPanic(halt);
                 let mut comps = HashMap::new();
                 let mut dst = Vec::new();
-                // Bounded: every iteration takes a new job index.
+                // Bounded: every iteration takes a new batch index.
                 loop {
-                    let i = next.fetch_add(1, Ordering::SeqCst);
-                    if i >= jobs.len() || stop.load(Ordering::SeqCst) {
+                    let b = next.fetch_add(1, Ordering::SeqCst);
+                    if b + 1 >= bounds.len() || stop.load(Ordering::SeqCst) {
                         break;
                     }
+                    let (first, end) = (bounds[b], bounds[b + 1]);
                     let mut done = committed.lock().unwrap_or_else(|e| e.into_inner());
-                    while cum[i] >= *done + window && !stop.load(Ordering::SeqCst) {
+                    while cum[first] >= *done + window && !stop.load(Ordering::SeqCst) {
                         done = moved.wait(done).unwrap_or_else(|e| e.into_inner());
                     }
                     drop(done);
                     if stop.load(Ordering::SeqCst) {
                         break;
                     }
-                    let r = compress_segment(&jobs[i], &mut comps, &mut dst, c, bs);
-                    progress.add_done(jobs[i].end - jobs[i].start);
-                    if tx.send((i, r)).is_err() {
+                    let mut batch = Vec::with_capacity(end - first);
+                    for job in &jobs[first..end] {
+                        let r = compress_segment(job, &mut comps, &mut dst, c, bs);
+                        progress.add_done(job.end - job.start);
+                        let failed = r.is_err();
+                        batch.push(r);
+                        if failed {
+                            break;
+                        }
+                    }
+                    if tx.send((b, batch)).is_err() {
                         break;
                     }
                 }
             });
         }
         drop(tx);
-        let mut early: std::collections::BTreeMap<usize, Result<SegOut>> = Default::default();
-        let mut k = 0usize;
+        let mut early: std::collections::BTreeMap<usize, Batch> = Default::default();
+        let mut b = 0usize;
         let res = (|| -> Result<()> {
-            // Bounded: each pass commits job k or receives one result.
-            while k < jobs.len() {
-                let Some(r) = early.remove(&k) else {
-                    let (i, r) = rx.recv().map_err(|_| {
+            // Bounded: each pass commits batch b or receives one batch.
+            while b + 1 < bounds.len() {
+                let Some(rs) = early.remove(&b) else {
+                    let (i, rs) = rx.recv().map_err(|_| {
                         BuildError::Options("internal: compression workers stopped".into())
                     })?;
-                    early.insert(i, r);
+                    early.insert(i, rs);
                     continue;
                 };
-                commit(&jobs[k], r?)?;
-                k += 1;
+                let (first, end) = (bounds[b], bounds[b + 1]);
+                if rs.len() > end - first {
+                    return Err(BuildError::Options("internal: batch too long".into()));
+                }
+                let n = rs.len();
+                for (job, r) in jobs[first..first + n].iter().zip(rs) {
+                    commit(job, r?)?;
+                }
+                if n < end - first {
+                    return Err(BuildError::Options("internal: batch cut short".into()));
+                }
+                b += 1;
                 let mut done = committed.lock().unwrap_or_else(|e| e.into_inner());
-                *done = cum[k];
+                *done = cum[end];
                 moved.notify_all();
             }
             Ok(())

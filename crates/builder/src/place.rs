@@ -307,7 +307,7 @@ pub fn store_packed(
     let size = packed.size;
     let req = zdata::FileReq {
         id,
-        src: Source::Path(packed.file.path().to_path_buf()),
+        src: packed.source(),
         size,
         rel: b"(packed inode)".to_vec(),
         fixed_meta: plan.fixed_meta(id),

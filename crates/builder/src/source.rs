@@ -189,6 +189,43 @@ impl Reader<'_> {
                     return Err(shrank());
                 }
             }
+            Source::Sparse { segs, .. } => {
+                // Segment by segment into fresh capacity; only holes are zeroed.
+                let end = start
+                    .checked_add(len as u64)
+                    .filter(|&e| e <= self.size)
+                    .ok_or_else(shrank)?;
+                let before = data.len();
+                data.reserve(len);
+                let first = segs.partition_point(|s| s.start + s.len <= start);
+                let mut pos = start;
+                let mut f = &self.f;
+                // Bounded by the number of segments.
+                for s in &segs[first..] {
+                    if s.start >= end {
+                        break;
+                    }
+                    // `max(pos)`: a no-op while the segments do not overlap.
+                    let a = s.start.max(pos);
+                    let b = (s.start + s.len).min(end);
+                    if a >= b {
+                        continue;
+                    }
+                    data.resize(data.len() + (a - pos) as usize, 0);
+                    f.seek(SeekFrom::Start(s.at + (a - s.start)))
+                        .map_err(io_err(path, "compress: seek"))?;
+                    let want = (b - a) as usize;
+                    let got = f
+                        .take(want as u64)
+                        .read_to_end(data)
+                        .map_err(io_err(path, "compress: read"))?;
+                    if got != want {
+                        return Err(shrank());
+                    }
+                    pos = b;
+                }
+                data.resize(before + len, 0);
+            }
             _ => {
                 let before = data.len();
                 data.resize(before + len, 0);

@@ -20,6 +20,7 @@ use ferofs_format::zindex::{ExtentDesc, HeadKind};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Compression settings for a build.
 #[derive(Debug, Clone)]
@@ -178,6 +179,8 @@ struct Job {
     frag: FragMode,
     /// Shifted dedupe is on: hand back the segment's bytes and anchors.
     shift: bool,
+    /// With fragments: the spool the worker writes the job's fragment bytes to.
+    spool: Option<Arc<crate::frag::Spool>>,
     /// Dedupe is on: hash a fragment read whole (for [`FragStore`]'s dedupe).
     hash_frag: bool,
 }
@@ -192,6 +195,70 @@ struct SegOut {
     fed: u64,
     /// With `Job::hash_frag`: the fragment piece's start, length and xxh3-128.
     frag_hash: Option<FragHash>,
+    /// Where the worker wrote the fragment piece's bytes in the spool.
+    spooled: Option<Spooled>,
+}
+
+/// A fragment piece written to the spool by the worker: its start in the file, length
+/// and place in the spool.
+#[derive(Clone, Copy)]
+struct Spooled {
+    lstart: u64,
+    len: usize,
+    at: u64,
+}
+
+impl Spooled {
+    /// Write the fragment pieces of a worker's consecutive jobs to the spool, one
+    /// behind the other with one reservation (so they stay contiguous in the spool
+    /// as in the packed inode), and note where in each `SegOut`.
+    fn put_batch(jobs: &[Job], outs: &mut [Result<SegOut>]) -> Result<()> {
+        let mut spool = None;
+        let mut parts: Vec<&[u8]> = Vec::new();
+        let mut at_rel = Vec::new();
+        let mut rel = 0u64;
+        for (job, out) in jobs.iter().zip(outs.iter()) {
+            let (Some(sp), Ok(seg)) = (&job.spool, out) else {
+                continue;
+            };
+            // A whole-fragment job's one piece, or a file's tail fragment.
+            match seg.pieces.last() {
+                Some(p) if p.frag && (job.frag == FragMode::Whole || job.last) => {
+                    spool = Some(sp);
+                    parts.push(&p.bytes);
+                    at_rel.push(Some(rel));
+                    rel += p.bytes.len() as u64;
+                }
+                _ => at_rel.push(None),
+            }
+        }
+        let Some(sp) = spool else {
+            return Ok(());
+        };
+        let base = sp.put_all(&parts)?;
+        let mut k = 0;
+        for (job, out) in jobs.iter().zip(outs.iter_mut()) {
+            let (Some(_), Ok(seg)) = (&job.spool, out) else {
+                continue;
+            };
+            let r = at_rel[k];
+            k += 1;
+            if let (Some(r), Some(p)) = (r, seg.pieces.last()) {
+                seg.spooled = Some(Spooled {
+                    lstart: p.lstart,
+                    len: p.bytes.len(),
+                    at: base + r,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Where `p`'s bytes are in the spool, when `s` was made from them.
+    fn for_piece(s: Option<Spooled>, p: &Piece) -> Option<u64> {
+        s.filter(|s| s.lstart == p.lstart && s.len == p.bytes.len())
+            .map(|s| s.at)
+    }
 }
 
 /// A fragment's start in its file, length and hash, computed by the worker.
@@ -283,6 +350,7 @@ fn compress_segment(
             shift: None,
             fed: 0,
             frag_hash,
+            spooled: None,
         });
     }
     let (pieces, fed) = compress_data(job, &data, comps, dst, c, bs)?;
@@ -303,6 +371,7 @@ fn compress_segment(
             shift: Some((data, anchors)),
             fed,
             frag_hash,
+            spooled: None,
         });
     }
     Ok(SegOut {
@@ -311,6 +380,7 @@ fn compress_segment(
         shift: None,
         fed,
         frag_hash,
+        spooled: None,
     })
 }
 
@@ -527,6 +597,7 @@ impl Recompress<'_> {
             frag: FragMode::None,
             shift: false,
             hash_frag: false,
+            spool: None,
         };
         Ok(compress_data(&sub, data, self.comps, self.dst, self.c, self.bs)?.0)
     }
@@ -931,6 +1002,8 @@ struct Pending {
     shift_ids: Vec<u32>,
     /// The hash of the file's fragment, when a worker computed it.
     frag_hash: Option<FragHash>,
+    /// Where a worker wrote the file's tail fragment in the spool.
+    spooled: Option<Spooled>,
 }
 
 /// What the committer needs to know about each file to decide on inlining.
@@ -978,6 +1051,8 @@ pub fn store_all(
             .collect()
     });
     let shift_on = pcl.is_some();
+    // Workers write fragment bytes to the spool themselves.
+    let spool = frags.as_deref().map(FragStore::spool);
     let mut jobs = Vec::new();
     for (fi, f) in files.iter().enumerate() {
         // A file of at most one block cannot shrink unless its compressed form goes
@@ -1015,6 +1090,7 @@ pub fn store_all(
                 // left to whole-file and pcluster dedupe.
                 shift: shift_on && f.size >= shift::MIN_FILE,
                 hash_frag: shift_on,
+                spool: spool.clone().filter(|_| frag != FragMode::None),
             });
             s = e;
         }
@@ -1069,6 +1145,7 @@ pub fn store_all(
                     file: job.file,
                     shift_ids: Vec::new(),
                     frag_hash: None,
+                    spooled: None,
                 },
             ));
             if job.frag == FragMode::Whole {
@@ -1090,9 +1167,15 @@ pub fn store_all(
                 .as_deref_mut()
                 .ok_or_else(|| BuildError::Options("internal: no fragment store".into()))?;
             for piece in seg.pieces {
-                fs.push(&piece.bytes)?;
+                match Spooled::for_piece(seg.spooled, &piece) {
+                    Some(at) => fs.push_spooled(at, piece.bytes.len() as u64)?,
+                    None => fs.push(&piece.bytes)?,
+                }
             }
             return Ok(());
+        }
+        if seg.spooled.is_some() {
+            p.spooled = seg.spooled;
         }
         let mut pieces = seg.pieces;
         if let (Some((data, anchors)), Some(m)) = (seg.shift, pcl.as_deref_mut()) {
@@ -1183,10 +1266,12 @@ fn run_ordered(
     if threads <= 1 {
         let mut comps = HashMap::new();
         let mut dst = Vec::new();
-        for job in jobs {
-            let r = compress_segment(job, &mut comps, &mut dst, c, bs)?;
-            progress.add_done(job.end - job.start);
-            commit(job, r)?;
+        for job in jobs.chunks(1) {
+            let mut r = [compress_segment(&job[0], &mut comps, &mut dst, c, bs)];
+            Spooled::put_batch(job, &mut r)?;
+            let [r] = r;
+            progress.add_done(job[0].end - job[0].start);
+            commit(&job[0], r?)?;
         }
         return Ok(());
     }
@@ -1261,6 +1346,11 @@ fn run_ordered(
                         if failed {
                             break;
                         }
+                    }
+                    // The batch's fragments go to the spool in one write.
+                    if let Err(e) = Spooled::put_batch(&jobs[first..], &mut batch) {
+                        batch.clear();
+                        batch.push(Err(e));
                     }
                     if tx.send((b, batch)).is_err() {
                         break;
@@ -1634,8 +1724,13 @@ fn finish_with_fragment(
 ) -> Result<Stored> {
     let fs = frags.ok_or_else(|| BuildError::Options("internal: no fragment store".into()))?;
     let hash = FragHash::for_piece(p.frag_hash, &last);
+    // The bytes are in the spool already when a worker wrote them there.
+    let add = |fs: &mut FragStore| match Spooled::for_piece(p.spooled, &last) {
+        Some(at) => fs.add_spooled(at, last.bytes.len() as u64, hash),
+        None => fs.add_hashed(&last.bytes, hash),
+    };
     if p.extents.is_empty() && last.lstart == 0 {
-        return Ok(Stored::Fragment(fs.add_hashed(&last.bytes, hash)? as u64));
+        return Ok(Stored::Fragment(add(fs)? as u64));
     }
     // The fragment counts at what it compressed to alone, or its raw size (at most a
     // pcluster) when it was not compressed: in the packed inode it will take about
@@ -1643,7 +1738,7 @@ fn finish_with_fragment(
     if !shrinks(f, &p, last.est, bits) {
         return roll_back(f, &p, bytes, out, bits, next_blk, pcl);
     }
-    let id = fs.add_hashed(&last.bytes, hash)?;
+    let id = add(fs)?;
     // The tail head's block address is never read (the extent is a fragment); like
     // the sentinel, it carries the running value so compact packs stay consecutive.
     let blkaddr = u32::try_from(*next_blk).unwrap_or(u32::MAX);

@@ -151,6 +151,31 @@ impl Packed {
     }
 }
 
+/// A value dropped on another thread (e.g. the spool, whose removal frees its page
+/// cache), joined when this guard is dropped.
+pub struct DropBeside(Option<std::thread::JoinHandle<()>>);
+
+impl DropBeside {
+    pub fn new<T: Send + 'static>(v: Option<T>) -> Self {
+        // Without a thread (none to be had), the value is dropped right here.
+        DropBeside(v.and_then(|v| {
+            std::thread::Builder::new()
+                .name("ferofs-drop".into())
+                .spawn(move || drop(v))
+                .ok()
+        }))
+    }
+}
+
+impl Drop for DropBeside {
+    fn drop(&mut self) {
+        if let Some(h) = self.0.take() {
+            // A drop that panicked has nothing left to clean up here.
+            let _ = h.join();
+        }
+    }
+}
+
 /// The hash fragment dedupe keys fragments by (with their length).
 pub fn frag_hash(bytes: &[u8]) -> u128 {
     xxhash_rust::xxh3::xxh3_128(bytes)

@@ -120,14 +120,10 @@ impl Tree {
 /// Deepest directory nesting accepted.
 const MAX_DEPTH: usize = 4096;
 
-struct Scanner<'a> {
-    opts: &'a BuildOptions,
-    nodes: Vec<Node>,
-    seen: HashMap<(u64, u64), InodeId>,
-    excl: Excludes<'a>,
-}
-
-/// Scan a directory tree.
+/// Scan a directory tree. Three passes: the directories are listed in the order the
+/// inodes are numbered (one thread: `readdir` is cheap); every entry is looked at
+/// (`lstat`, xattrs, symlink target) on the build's threads; the nodes are then made in
+/// that order, hardlinks joined. The tree is the same for any thread count.
 pub fn scan_dir(root: &Path, opts: &BuildOptions) -> Result<Tree> {
     let md = std::fs::symlink_metadata(root).map_err(io_err(root, "scan"))?;
     if !md.is_dir() {
@@ -136,22 +132,159 @@ pub fn scan_dir(root: &Path, opts: &BuildOptions) -> Result<Tree> {
             what: "source is not a directory".into(),
         });
     }
-    let mut s = Scanner {
-        opts,
-        nodes: Vec::new(),
-        seen: HashMap::new(),
+    let mut nodes = vec![make_node(opts, root, &md, Vec::new())?];
+    let root_id = 0;
+    let mut l = Listing {
         excl: Excludes::new(opts),
+        entries: Vec::new(),
+        dirs: Vec::new(),
     };
-    let root_id = s.new_node(root, &md, Vec::new())?;
-    s.fill_dir(root_id, root, b"", 0)?;
+    l.list(None, root, b"", 0)?;
+    let Listing { entries, dirs, .. } = l;
+    let look = |e: &Entry| -> Result<Looked> {
+        let md = std::fs::symlink_metadata(&e.path).map_err(io_err(&e.path, "scan: stat"))?;
+        let node = make_node(opts, &e.path, &md, e.rel.clone());
+        Ok((md, node))
+    };
+    let threads = opts.worker_threads();
+    let looked: Vec<Result<Looked>> = if threads <= 1 || entries.len() < 256 {
+        entries.iter().map(look).collect()
+    } else {
+        use rayon::prelude::*;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| BuildError::Options(format!("thread pool: {e}")))?;
+        pool.install(|| entries.par_iter().with_min_len(64).map(look).collect())
+    };
+    // The directories' entry ranges follow one another: take the results in order.
+    let mut looked = looked.into_iter();
+    let mut dir_node: Vec<InodeId> = vec![root_id; entries.len()];
+    let mut seen: HashMap<(u64, u64), InodeId> = HashMap::new();
+    for (owner, range) in dirs {
+        let id = owner.map_or(root_id, |i| dir_node[i]);
+        let mut list = Vec::with_capacity(range.len());
+        for i in range {
+            let e = &entries[i];
+            let Some(r) = looked.next() else {
+                return Err(BuildError::Invalid {
+                    path: e.path.clone(),
+                    what: "scan: entry without a look".into(),
+                });
+            };
+            let (md, node) = r?;
+            if md.is_dir() != e.dir {
+                return Err(BuildError::Invalid {
+                    path: e.path.clone(),
+                    what: "changed type while the tree was scanned".into(),
+                });
+            }
+            let key = (md.dev(), md.ino());
+            let linked = !md.is_dir() && md.nlink() > 1;
+            let cid = match seen.get(&key) {
+                Some(&c) if linked => c,
+                _ => {
+                    let mut node = node?;
+                    if let Kind::Dir { parent, .. } = &mut node.kind {
+                        *parent = id;
+                    }
+                    nodes.push(node);
+                    let c = nodes.len() - 1;
+                    if linked {
+                        seen.insert(key, c);
+                    }
+                    c
+                }
+            };
+            dir_node[i] = cid;
+            list.push((e.name.clone(), cid));
+        }
+        if let Kind::Dir { entries: d, .. } = &mut nodes[id].kind {
+            *d = list;
+        }
+    }
     let mut tree = Tree {
-        nodes: s.nodes,
+        nodes,
         root: root_id,
         packed: None,
         devices: Vec::new(),
     };
     fix_nlinks(&mut tree);
     Ok(tree)
+}
+
+/// An entry's `lstat` and the node made from it (kept apart: the node of a second
+/// name of a hardlinked file is not used, nor its error).
+type Looked = (std::fs::Metadata, Result<Node>);
+
+/// A directory entry met by the listing.
+struct Entry {
+    path: PathBuf,
+    rel: Vec<u8>,
+    name: Vec<u8>,
+    /// A directory, as `readdir` said (checked against `lstat`).
+    dir: bool,
+}
+
+/// The first pass of [`scan_dir`]: every directory's entries (not excluded), in name
+/// order, the directories in depth-first pre-order — the order of the inode numbers.
+struct Listing<'a> {
+    excl: Excludes<'a>,
+    entries: Vec<Entry>,
+    /// Per directory: its own entry (None for the root) and the range of its entries.
+    dirs: Vec<(Option<usize>, std::ops::Range<usize>)>,
+}
+
+impl Listing<'_> {
+    fn list(&mut self, owner: Option<usize>, path: &Path, rel: &[u8], depth: usize) -> Result<()> {
+        if depth > MAX_DEPTH {
+            return Err(BuildError::Invalid {
+                path: path.to_path_buf(),
+                what: "directory nesting too deep".into(),
+            });
+        }
+        let rd = std::fs::read_dir(path).map_err(io_err(path, "scan: read directory"))?;
+        let mut names: Vec<(Vec<u8>, bool)> = Vec::new();
+        for e in rd {
+            let e = e.map_err(io_err(path, "scan: read directory"))?;
+            // d_type (std falls back to lstat where the filesystem gives none).
+            let dir = e
+                .file_type()
+                .map_err(io_err(&e.path(), "scan: stat"))?
+                .is_dir();
+            names.push((e.file_name().as_bytes().to_vec(), dir));
+        }
+        names.sort();
+        let start = self.entries.len();
+        for (name, dir) in names {
+            let child = path.join(OsStr::from_bytes(&name));
+            if name.len() > ferofs_format::MAX_NAME_LEN {
+                return Err(BuildError::Invalid {
+                    path: child,
+                    what: "name longer than 255 bytes".into(),
+                });
+            }
+            let crel = child_rel(rel, &name);
+            if self.excl.matches(&crel) {
+                continue;
+            }
+            self.entries.push(Entry {
+                path: child,
+                rel: crel,
+                name,
+                dir,
+            });
+        }
+        let end = self.entries.len();
+        self.dirs.push((owner, start..end));
+        for i in start..end {
+            if self.entries[i].dir {
+                let (p, r) = (self.entries[i].path.clone(), self.entries[i].rel.clone());
+                self.list(Some(i), &p, &r, depth + 1)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `--exclude-path` and `--exclude-regex`, for any input: paths relative to the
@@ -190,141 +323,82 @@ impl<'a> Excludes<'a> {
     }
 }
 
-impl Scanner<'_> {
-    fn excluded(&self, rel: &[u8]) -> bool {
-        self.excl.matches(rel)
-    }
-
-    fn new_node(&mut self, path: &Path, md: &std::fs::Metadata, rel: Vec<u8>) -> Result<InodeId> {
-        let mode = u16::try_from(md.mode()).map_err(|_| BuildError::Invalid {
-            path: path.to_path_buf(),
-            what: format!("mode {:o} does not fit 16 bits", md.mode()),
-        })?;
-        let kind = match mode & S_IFMT {
-            S_IFDIR => Kind::Dir {
-                entries: Vec::new(),
-                parent: 0,
-            },
-            S_IFREG => Kind::File {
-                src: Source::Scanned {
-                    path: path.to_path_buf(),
-                    stamp: crate::source::stamp(md),
-                },
-                size: md.size(),
-            },
-            S_IFLNK => {
-                let t = std::fs::read_link(path).map_err(io_err(path, "scan: readlink"))?;
-                let target = t.as_os_str().as_bytes().to_vec();
-                if target.is_empty() || target.len() > 4095 {
-                    return Err(BuildError::Invalid {
-                        path: path.to_path_buf(),
-                        what: format!(
-                            "symlink target of {} bytes (1..=4095 allowed)",
-                            target.len()
-                        ),
-                    });
-                }
-                Kind::Symlink { target }
-            }
-            S_IFCHR | S_IFBLK => {
-                let d = md.rdev();
-                let major = ((d >> 8) & 0xfff) | ((d >> 32) & !0xfff);
-                let minor = (d & 0xff) | ((d >> 12) & !0xff);
-                if major > 0xfff || minor > 0xfffff {
-                    return Err(BuildError::Invalid {
-                        path: path.to_path_buf(),
-                        what: format!("device number {major}:{minor} does not fit"),
-                    });
-                }
-                Kind::Device {
-                    rdev: encode_rdev(major as u32, minor as u32),
-                }
-            }
-            S_IFIFO => Kind::Fifo,
-            S_IFSOCK => Kind::Socket,
-            _ => {
-                return Err(BuildError::Invalid {
-                    path: path.to_path_buf(),
-                    what: format!("unknown file type {mode:o}"),
-                })
-            }
-        };
-        let xattrs = read_xattrs(path)?;
-        let o = self.opts;
-        let uid = o.force_uid.unwrap_or(if o.all_root { 0 } else { md.uid() });
-        let gid = o.force_gid.unwrap_or(if o.all_root { 0 } else { md.gid() });
-        self.nodes.push(Node {
-            kind,
-            mode,
-            uid,
-            gid,
-            mtime: md.mtime(),
-            mtime_nsec: u32::try_from(md.mtime_nsec()).unwrap_or(0),
-            nlink: 0,
-            xattrs,
-            rel,
-        });
-        Ok(self.nodes.len() - 1)
-    }
-
-    fn fill_dir(&mut self, id: InodeId, path: &Path, rel: &[u8], depth: usize) -> Result<()> {
-        if depth > MAX_DEPTH {
-            return Err(BuildError::Invalid {
+/// The node of the entry at `path` with `lstat` result `md` (reads its xattrs and symlink
+/// target).
+fn make_node(
+    opts: &BuildOptions,
+    path: &Path,
+    md: &std::fs::Metadata,
+    rel: Vec<u8>,
+) -> Result<Node> {
+    let mode = u16::try_from(md.mode()).map_err(|_| BuildError::Invalid {
+        path: path.to_path_buf(),
+        what: format!("mode {:o} does not fit 16 bits", md.mode()),
+    })?;
+    let kind = match mode & S_IFMT {
+        S_IFDIR => Kind::Dir {
+            entries: Vec::new(),
+            parent: 0,
+        },
+        S_IFREG => Kind::File {
+            src: Source::Scanned {
                 path: path.to_path_buf(),
-                what: "directory nesting too deep".into(),
-            });
-        }
-        let rd = std::fs::read_dir(path).map_err(io_err(path, "scan: read directory"))?;
-        let mut names: Vec<Vec<u8>> = Vec::new();
-        for e in rd {
-            let e = e.map_err(io_err(path, "scan: read directory"))?;
-            names.push(e.file_name().as_bytes().to_vec());
-        }
-        names.sort();
-        let mut entries = Vec::with_capacity(names.len());
-        let mut subdirs = Vec::new();
-        for name in names {
-            let child = path.join(OsStr::from_bytes(&name));
-            if name.len() > ferofs_format::MAX_NAME_LEN {
+                stamp: crate::source::stamp(md),
+            },
+            size: md.size(),
+        },
+        S_IFLNK => {
+            let t = std::fs::read_link(path).map_err(io_err(path, "scan: readlink"))?;
+            let target = t.as_os_str().as_bytes().to_vec();
+            if target.is_empty() || target.len() > 4095 {
                 return Err(BuildError::Invalid {
-                    path: child,
-                    what: "name longer than 255 bytes".into(),
+                    path: path.to_path_buf(),
+                    what: format!(
+                        "symlink target of {} bytes (1..=4095 allowed)",
+                        target.len()
+                    ),
                 });
             }
-            let crel = child_rel(rel, &name);
-            if self.excluded(&crel) {
-                continue;
-            }
-            let md = std::fs::symlink_metadata(&child).map_err(io_err(&child, "scan: stat"))?;
-            let key = (md.dev(), md.ino());
-            let cid = if !md.is_dir() && md.nlink() > 1 {
-                match self.seen.get(&key) {
-                    Some(&c) => c,
-                    None => {
-                        let c = self.new_node(&child, &md, crel.clone())?;
-                        self.seen.insert(key, c);
-                        c
-                    }
-                }
-            } else {
-                self.new_node(&child, &md, crel.clone())?
-            };
-            if md.is_dir() {
-                subdirs.push((cid, child, crel));
-            }
-            entries.push((name, cid));
+            Kind::Symlink { target }
         }
-        if let Kind::Dir { entries: e, .. } = &mut self.nodes[id].kind {
-            *e = entries;
-        }
-        for (cid, child, crel) in subdirs {
-            if let Kind::Dir { parent, .. } = &mut self.nodes[cid].kind {
-                *parent = id;
+        S_IFCHR | S_IFBLK => {
+            let d = md.rdev();
+            let major = ((d >> 8) & 0xfff) | ((d >> 32) & !0xfff);
+            let minor = (d & 0xff) | ((d >> 12) & !0xff);
+            if major > 0xfff || minor > 0xfffff {
+                return Err(BuildError::Invalid {
+                    path: path.to_path_buf(),
+                    what: format!("device number {major}:{minor} does not fit"),
+                });
             }
-            self.fill_dir(cid, &child, &crel, depth + 1)?;
+            Kind::Device {
+                rdev: encode_rdev(major as u32, minor as u32),
+            }
         }
-        Ok(())
-    }
+        S_IFIFO => Kind::Fifo,
+        S_IFSOCK => Kind::Socket,
+        _ => {
+            return Err(BuildError::Invalid {
+                path: path.to_path_buf(),
+                what: format!("unknown file type {mode:o}"),
+            })
+        }
+    };
+    let xattrs = read_xattrs(path)?;
+    let o = opts;
+    let uid = o.force_uid.unwrap_or(if o.all_root { 0 } else { md.uid() });
+    let gid = o.force_gid.unwrap_or(if o.all_root { 0 } else { md.gid() });
+    Ok(Node {
+        kind,
+        mode,
+        uid,
+        gid,
+        mtime: md.mtime(),
+        mtime_nsec: u32::try_from(md.mtime_nsec()).unwrap_or(0),
+        nlink: 0,
+        xattrs,
+        rel,
+    })
 }
 
 /// All xattrs of a path (not following symlinks), sorted by name.
@@ -393,4 +467,63 @@ pub(crate) fn child_rel(rel: &[u8], name: &[u8]) -> Vec<u8> {
     }
     crel.extend_from_slice(name);
     crel
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    /// A tree of `n` directories of files, symlinks and hardlinks (some across
+    /// directories), an empty directory and an excluded one.
+    fn make(root: &Path, n: usize) {
+        for d in 0..n {
+            let dir = root.join(format!("d{d:02}"));
+            std::fs::create_dir_all(dir.join("sub/empty")).expect("mkdir");
+            for f in 0..12 {
+                std::fs::write(dir.join(format!("f{f}")), vec![b'a'; f * 100]).expect("write");
+            }
+            symlink(format!("f{}", d % 12), dir.join("link")).expect("symlink");
+            std::fs::hard_link(dir.join("f3"), dir.join("sub/f3.again")).expect("link");
+            if d > 0 {
+                std::fs::hard_link(root.join("d00/f5"), dir.join(format!("f5.of0.{d}")))
+                    .expect("link");
+            }
+            std::fs::create_dir_all(dir.join("skipped/deeper")).expect("mkdir");
+        }
+    }
+
+    #[test]
+    fn the_tree_does_not_depend_on_the_thread_count() {
+        let t = tempfile::tempdir().expect("tempdir");
+        make(t.path(), 20);
+        let mut o = BuildOptions {
+            exclude_regex: vec![regex::Regex::new("/skipped$").expect("regex")],
+            ..Default::default()
+        };
+        o.threads = 1;
+        let one = scan_dir(t.path(), &o).expect("scan");
+        // 1 root + per directory 12 files, link, sub, sub/empty, sub/f3.again (a
+        // second name: no node) and 19 second names of d00/f5 (none a node).
+        assert_eq!(one.nodes.len(), 1 + 20 + 20 * 15);
+        let d00 = one.lookup(b"d00").expect("d00");
+        let f5 = one.lookup(b"d00/f5").expect("f5");
+        assert_eq!(one.lookup(b"d07/f5.of0.7"), Some(f5));
+        assert_eq!(one.lookup(b"d07/sub/f3.again"), one.lookup(b"d07/f3"));
+        assert_eq!(one.lookup(b"d07/skipped"), None);
+        assert_eq!(one.nodes[f5].nlink, 20);
+        // Numbered as mkfs.erofs does: the root's entries, then d00's, ...
+        assert_eq!(d00, 1);
+        assert_eq!(one.lookup(b"d01"), Some(2));
+        assert_eq!(one.lookup(b"d00/f0"), Some(21));
+        assert!(
+            matches!(one.nodes[one.lookup(b"d03/sub").expect("sub")].kind,
+            Kind::Dir { parent, .. } if parent == one.lookup(b"d03").expect("d03"))
+        );
+        for threads in [2, 3, 8] {
+            o.threads = threads;
+            let many = scan_dir(t.path(), &o).expect("scan");
+            assert_eq!(format!("{one:?}"), format!("{many:?}"), "{threads} threads");
+        }
+    }
 }

@@ -120,10 +120,11 @@ impl Tree {
 /// Deepest directory nesting accepted.
 const MAX_DEPTH: usize = 4096;
 
-/// Scan a directory tree. Three passes: the directories are listed in the order the
-/// inodes are numbered (one thread: `readdir` is cheap); every entry is looked at
-/// (`lstat`, xattrs, symlink target) on the build's threads; the nodes are then made in
-/// that order, hardlinks joined. The tree is the same for any thread count.
+/// Scan a directory tree. Four passes: the directories are read (`readdir`), a level
+/// at a time, on the build's threads; their entries are put in the order the inodes
+/// are numbered; every entry is looked at (`lstat`, xattrs, symlink target) on the
+/// build's threads; the nodes are then made in that order, hardlinks joined. The tree,
+/// and the first error met in that order, are the same for any thread count.
 pub fn scan_dir(root: &Path, opts: &BuildOptions) -> Result<Tree> {
     let md = std::fs::symlink_metadata(root).map_err(io_err(root, "scan"))?;
     if !md.is_dir() {
@@ -134,28 +135,37 @@ pub fn scan_dir(root: &Path, opts: &BuildOptions) -> Result<Tree> {
     }
     let mut nodes = vec![make_node(opts, root, &md, Vec::new())?];
     let root_id = 0;
+    let threads = opts.worker_threads();
+    let pool = if threads > 1 {
+        let p = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| BuildError::Options(format!("thread pool: {e}")))?;
+        Some(p)
+    } else {
+        None
+    };
+    let excl = Excludes::new(opts);
+    let read = read_dirs(root, &excl, pool.as_ref());
     let mut l = Listing {
-        excl: Excludes::new(opts),
+        excl,
+        read,
         entries: Vec::new(),
         dirs: Vec::new(),
     };
-    l.list(None, root, b"", 0)?;
+    l.list(0, None, b"")?;
     let Listing { entries, dirs, .. } = l;
     let look = |e: &Entry| -> Result<Looked> {
         let md = std::fs::symlink_metadata(&e.path).map_err(io_err(&e.path, "scan: stat"))?;
         let node = make_node(opts, &e.path, &md, e.rel.clone());
         Ok((md, node))
     };
-    let threads = opts.worker_threads();
-    let looked: Vec<Result<Looked>> = if threads <= 1 || entries.len() < 256 {
-        entries.iter().map(look).collect()
-    } else {
-        use rayon::prelude::*;
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .map_err(|e| BuildError::Options(format!("thread pool: {e}")))?;
-        pool.install(|| entries.par_iter().with_min_len(64).map(look).collect())
+    let looked: Vec<Result<Looked>> = match &pool {
+        Some(pool) if entries.len() >= 256 => {
+            use rayon::prelude::*;
+            pool.install(|| entries.par_iter().with_min_len(64).map(look).collect())
+        }
+        _ => entries.iter().map(look).collect(),
     };
     // The directories' entry ranges follow one another: take the results in order.
     let mut looked = looked.into_iter();
@@ -226,17 +236,21 @@ struct Entry {
     dir: bool,
 }
 
-/// The first pass of [`scan_dir`]: every directory's entries (not excluded), in name
-/// order, the directories in depth-first pre-order — the order of the inode numbers.
-struct Listing<'a> {
-    excl: Excludes<'a>,
-    entries: Vec<Entry>,
-    /// Per directory: its own entry (None for the root) and the range of its entries.
-    dirs: Vec<(Option<usize>, std::ops::Range<usize>)>,
+/// A directory read by [`read_dirs`].
+struct DirRead {
+    path: PathBuf,
+    /// Its entries, (name, a directory by `readdir`), in name order; or the error met.
+    names: Option<Result<Vec<(Vec<u8>, bool)>>>,
+    /// The directories among those entries that are read too (not excluded, names
+    /// that fit), in name order, by their index in the list of [`DirRead`]s.
+    subdirs: Vec<usize>,
 }
 
-impl Listing<'_> {
-    fn list(&mut self, owner: Option<usize>, path: &Path, rel: &[u8], depth: usize) -> Result<()> {
+/// Read every directory of the tree at `root`, the directories of one depth at a
+/// time on `pool`'s threads; index 0 is the root. Directories too deep get an error
+/// instead of a read; excluded ones and those with names too long are not read.
+fn read_dirs(root: &Path, excl: &Excludes, pool: Option<&rayon::ThreadPool>) -> Vec<DirRead> {
+    let read_one = |path: &Path, depth: usize| -> Result<Vec<(Vec<u8>, bool)>> {
         if depth > MAX_DEPTH {
             return Err(BuildError::Invalid {
                 path: path.to_path_buf(),
@@ -255,7 +269,99 @@ impl Listing<'_> {
             names.push((e.file_name().as_bytes().to_vec(), dir));
         }
         names.sort();
+        Ok(names)
+    };
+    let mut all = vec![DirRead {
+        path: root.to_path_buf(),
+        names: None,
+        subdirs: Vec::new(),
+    }];
+    let mut rels: Vec<Vec<u8>> = vec![Vec::new()];
+    let mut level = vec![0usize];
+    // Bounded by the depth: each round reads one level, and a level past MAX_DEPTH is
+    // not read (nor gets children).
+    for depth in 0.. {
+        if level.is_empty() {
+            break;
+        }
+        let got: Vec<Result<Vec<(Vec<u8>, bool)>>> = match pool {
+            Some(p) if level.len() > 1 => {
+                use rayon::prelude::*;
+                p.install(|| {
+                    level
+                        .par_iter()
+                        .map(|&d| read_one(&all[d].path, depth))
+                        .collect()
+                })
+            }
+            _ => level
+                .iter()
+                .map(|&d| read_one(&all[d].path, depth))
+                .collect(),
+        };
+        let mut next = Vec::new();
+        for (&d, r) in level.iter().zip(got) {
+            if let Ok(names) = &r {
+                for (name, dir) in names {
+                    if !*dir || name.len() > ferofs_format::MAX_NAME_LEN {
+                        continue;
+                    }
+                    let crel = child_rel(&rels[d], name);
+                    if excl.matches(&crel) {
+                        continue;
+                    }
+                    let k = all.len();
+                    all.push(DirRead {
+                        path: all[d].path.join(OsStr::from_bytes(name)),
+                        names: None,
+                        subdirs: Vec::new(),
+                    });
+                    rels.push(crel);
+                    all[d].subdirs.push(k);
+                    next.push(k);
+                }
+            }
+            all[d].names = Some(r);
+        }
+        level = next;
+    }
+    all
+}
+
+/// The second pass of [`scan_dir`]: every directory's entries (not excluded), in name
+/// order, the directories in depth-first pre-order — the order of the inode numbers.
+struct Listing<'a> {
+    excl: Excludes<'a>,
+    read: Vec<DirRead>,
+    entries: Vec<Entry>,
+    /// Per directory: its own entry (None for the root) and the range of its entries.
+    dirs: Vec<(Option<usize>, std::ops::Range<usize>)>,
+}
+
+impl Listing<'_> {
+    /// List directory `d` of [`read_dirs`] (its entry `owner`, at `rel`), then its
+    /// subdirectories; the first error in that order is returned.
+    fn list(&mut self, d: usize, owner: Option<usize>, rel: &[u8]) -> Result<()> {
+        let Some(dr) = self.read.get_mut(d) else {
+            return Err(BuildError::Invalid {
+                path: PathBuf::new(),
+                what: format!("scan: directory {d} was not read"),
+            });
+        };
+        let path = dr.path.clone();
+        let subdirs = std::mem::take(&mut dr.subdirs);
+        let names = match dr.names.take() {
+            Some(r) => r?,
+            None => {
+                return Err(BuildError::Invalid {
+                    path,
+                    what: "scan: directory read twice".into(),
+                })
+            }
+        };
         let start = self.entries.len();
+        let mut sub = Vec::new();
+        let mut next_sub = subdirs.into_iter();
         for (name, dir) in names {
             let child = path.join(OsStr::from_bytes(&name));
             if name.len() > ferofs_format::MAX_NAME_LEN {
@@ -268,6 +374,16 @@ impl Listing<'_> {
             if self.excl.matches(&crel) {
                 continue;
             }
+            if dir {
+                // The same filters as read_dirs': its next subdirectory is this one.
+                let Some(k) = next_sub.next() else {
+                    return Err(BuildError::Invalid {
+                        path: child,
+                        what: "scan: directory not read".into(),
+                    });
+                };
+                sub.push((self.entries.len(), k));
+            }
             self.entries.push(Entry {
                 path: child,
                 rel: crel,
@@ -277,11 +393,9 @@ impl Listing<'_> {
         }
         let end = self.entries.len();
         self.dirs.push((owner, start..end));
-        for i in start..end {
-            if self.entries[i].dir {
-                let (p, r) = (self.entries[i].path.clone(), self.entries[i].rel.clone());
-                self.list(Some(i), &p, &r, depth + 1)?;
-            }
+        for (i, k) in sub {
+            let r = self.entries[i].rel.clone();
+            self.list(k, Some(i), &r)?;
         }
         Ok(())
     }

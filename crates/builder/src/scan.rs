@@ -236,11 +236,14 @@ struct Entry {
     dir: bool,
 }
 
+/// A directory's entries: (name, a directory by `readdir`), in name order.
+type Names = Vec<(Vec<u8>, bool)>;
+
 /// A directory read by [`read_dirs`].
 struct DirRead {
     path: PathBuf,
     /// Its entries, (name, a directory by `readdir`), in name order; or the error met.
-    names: Option<Result<Vec<(Vec<u8>, bool)>>>,
+    names: Option<Result<Names>>,
     /// The directories among those entries that are read too (not excluded, names
     /// that fit), in name order, by their index in the list of [`DirRead`]s.
     subdirs: Vec<usize>,
@@ -250,7 +253,7 @@ struct DirRead {
 /// time on `pool`'s threads; index 0 is the root. Directories too deep get an error
 /// instead of a read; excluded ones and those with names too long are not read.
 fn read_dirs(root: &Path, excl: &Excludes, pool: Option<&rayon::ThreadPool>) -> Vec<DirRead> {
-    let read_one = |path: &Path, depth: usize| -> Result<Vec<(Vec<u8>, bool)>> {
+    let read_one = |path: &Path, depth: usize| -> Result<Names> {
         if depth > MAX_DEPTH {
             return Err(BuildError::Invalid {
                 path: path.to_path_buf(),
@@ -258,7 +261,7 @@ fn read_dirs(root: &Path, excl: &Excludes, pool: Option<&rayon::ThreadPool>) -> 
             });
         }
         let rd = std::fs::read_dir(path).map_err(io_err(path, "scan: read directory"))?;
-        let mut names: Vec<(Vec<u8>, bool)> = Vec::new();
+        let mut names: Names = Vec::new();
         for e in rd {
             let e = e.map_err(io_err(path, "scan: read directory"))?;
             // d_type (std falls back to lstat where the filesystem gives none).
@@ -284,7 +287,7 @@ fn read_dirs(root: &Path, excl: &Excludes, pool: Option<&rayon::ThreadPool>) -> 
         if level.is_empty() {
             break;
         }
-        let got: Vec<Result<Vec<(Vec<u8>, bool)>>> = match pool {
+        let got: Vec<Result<Names>> = match pool {
             Some(p) if level.len() > 1 => {
                 use rayon::prelude::*;
                 p.install(|| {

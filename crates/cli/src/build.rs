@@ -4,7 +4,7 @@ use crate::report::{peak_rss_bytes, ProgressView, Summary};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use ferofs_builder::{
-    parse_hints, BuildOptions, Compression, Fragments, Progress, TarInput, UuidChoice,
+    parse_hints, BuildOptions, Compression, Fragments, Hint, Progress, TarInput, UuidChoice,
     VerityOptions,
 };
 use ferofs_compress::CompressorSpec;
@@ -131,6 +131,13 @@ pub struct BuildArgs {
     /// listed files are never put in fragments. `none` (mkfs.erofs's spelling): no list.
     #[arg(long, value_name = "FILE")]
     sort: Option<PathBuf>,
+    /// With --sort: compress the listed files with ALG (`ALG[,level=N]`, as -z) instead
+    /// of the first -z algorithm; the image then holds two algorithms. For start-up
+    /// speed from zstd or lzma images: `-z zstd --sort list --sort-compress lz4hc` keeps
+    /// what the program reads at start-up fast to decode. The listed files' rule comes
+    /// before any --compress-hints line; their pcluster size is -C.
+    #[arg(long, value_name = "ALG", requires = "sort")]
+    sort_compress: Option<String>,
     /// Integrity: append a dm-verity hash tree (sha256, 4096-byte data and hash blocks,
     /// with veritysetup's superblock) behind the image, and print its root hash and the
     /// `veritysetup open` command line on stdout (even with -q; in the object with
@@ -164,6 +171,41 @@ pub fn parse_hex(what: &str, s: &str) -> Result<Vec<u8>> {
                 .with_context(|| format!("{what}: {s:?}"))
         })
         .collect()
+}
+
+/// `--sort-compress`: the files of the `--sort` list compressed with `spec` (added to
+/// the image's algorithms unless it is one of them), through a compress hint matching
+/// exactly their paths, ahead of any other hint.
+fn sort_hint(c: &mut Compression, spec: CompressorSpec, sort: &[Vec<u8>]) -> Result<()> {
+    if sort.is_empty() {
+        return Ok(());
+    }
+    let algorithm = match c.algorithms.iter().position(|a| *a == spec) {
+        Some(i) => i,
+        None => {
+            c.algorithms.push(spec);
+            c.algorithms.len() - 1
+        }
+    };
+    // The builder matches hints against the path as (lossy) UTF-8.
+    let alternatives: Vec<String> = sort
+        .iter()
+        .map(|p| regex::escape(&String::from_utf8_lossy(p)))
+        .collect();
+    let re = format!("^(?:{})$", alternatives.join("|"));
+    let regex = regex::RegexBuilder::new(&re)
+        .size_limit(256 << 20)
+        .build()
+        .context("--sort-compress: the --sort list as one pattern")?;
+    c.hints.insert(
+        0,
+        Hint {
+            pcluster_size: c.pcluster_size,
+            algorithm,
+            regex,
+        },
+    );
+    Ok(())
 }
 
 /// Read a `--sort` list: one path a line, relative to the source (a leading `/` or
@@ -293,15 +335,21 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
                 .with_context(|| format!("--compress-hints {}", h.display()))?;
             c.hints = parse_hints(&text, h)?;
         }
+        if let Some(s) = &a.sort_compress {
+            let spec =
+                CompressorSpec::parse(s).with_context(|| format!("--sort-compress {s:?}"))?;
+            sort_hint(&mut c, spec, &o.sort)?;
+        }
         o.compression = Some(c);
     } else if a.pcluster_size.is_some()
         || a.compress_hints.is_some()
+        || a.sort_compress.is_some()
         || ztail
         || o.fragments != Fragments::Off
         || a.metabox.is_some_and(|p| p != 0)
     {
         bail!(
-            "-C, --compress-hints, -E ztailpacking, -E fragments and a metabox pcluster size need compression (not -z none)"
+            "-C, --compress-hints, --sort-compress, -E ztailpacking, -E fragments and a metabox pcluster size need compression (not -z none)"
         );
     }
     Ok(o)

@@ -26,7 +26,9 @@ pub struct MountArgs {
     foreground: bool,
     /// Mount options, comma-separated: allow_other, cache=SIZE, preload=SIZE (metadata
     /// read into memory at mount, default 16m; for URLs default 0), nopreload (=
-    /// preload=0), threads=N, ra_threads=N, suid, dev, default_permissions (default),
+    /// preload=0), read_ahead=SIZE (the FUSE device's read-ahead window, set as root;
+    /// default 4m, 0: the kernel's 128k), threads=N, ra_threads=N, suid, dev,
+    /// default_permissions (default),
     /// no_default_permissions, ro.
     #[arg(short = 'o', value_name = "OPTS")]
     options: Vec<String>,
@@ -83,6 +85,12 @@ fn options(a: &MountArgs) -> Result<ferofs_mount::Options> {
                 o.preload_bytes = usize::try_from(n).context("preload=: too large")?;
             }
             "nopreload" => o.preload_bytes = 0,
+            "read_ahead" => {
+                o.read_ahead_bytes = crate::source::parse_size(
+                    "read_ahead=",
+                    v.context("-o read_ahead needs a size")?,
+                )?;
+            }
             "threads" => o.threads = num(v)?.clamp(1, 256),
             "ra_threads" => o.prefetch_threads = num(v)?.min(64),
             "suid" => o.suid = true,

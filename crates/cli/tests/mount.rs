@@ -769,6 +769,57 @@ fn metadata_walk(root: &Path) -> std::io::Result<BTreeMap<PathBuf, String>> {
     Ok(out)
 }
 
+/// The FUSE device's read-ahead window (KiB) of the mount at `dir`.
+fn bdi_read_ahead_kb(dir: &Path) -> u64 {
+    let dev = fs::metadata(dir).expect("stat the mount").dev();
+    let (major, minor) = (
+        ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff),
+        (dev & 0xff) | ((dev >> 12) & !0xff),
+    );
+    fs::read_to_string(format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb"))
+        .expect("read_ahead_kb")
+        .trim()
+        .parse()
+        .expect("a number")
+}
+
+#[test]
+fn read_ahead_option_sets_the_fuse_device_window() {
+    if !fuse_available("read_ahead_option_sets_the_fuse_device_window") {
+        return;
+    }
+    let (fs_, tree) = make_tree();
+    let img = fs_.path().join("ra.erofs");
+    build(&tree, &img, &[]);
+    // The default, a size, and 0 (the kernel's own 128 KiB); the tree reads the same.
+    let default_kb = match ferofs_mount::DEFAULT_READ_AHEAD {
+        0 => 128,
+        b => b / 1024,
+    };
+    for (opts, want) in [
+        (&[][..], default_kb),
+        (&["-o", "read_ahead=1m"][..], 1024),
+        (&["-o", "read_ahead=0"][..], 128),
+    ] {
+        let m = Fuse::new(&img, opts);
+        assert_eq!(bdi_read_ahead_kb(m.path()), want, "{opts:?}");
+        assert_same_tree(&tree, m.path());
+        m.unmount();
+    }
+    // Not a size: refused before anything is mounted.
+    for bad in ["read_ahead", "read_ahead=lots"] {
+        let dir = scratch("fuse-bad-ra");
+        let out = ferofs()
+            .args(["mount", "-o", bad])
+            .arg(&img)
+            .arg(dir.path())
+            .output()
+            .expect("run ferofs mount");
+        assert!(!out.status.success(), "-o {bad} accepted");
+        assert!(!mounted(dir.path()), "-o {bad}: mounted anyway");
+    }
+}
+
 /// Issue 13: the metadata is read into the daemon at mount (`-o preload`, on by
 /// default), so a full metadata walk (lstat, readdir, readlink, xattrs) after the mount
 /// needs no image read at all: the image file is truncated to nothing once mounted, and

@@ -467,6 +467,126 @@ fn sort_places_listed_files_first_contiguous_and_in_order() {
     }
 }
 
+/// The algorithms of a file's compressed extents (`lz4`, `zstd`, ...; plain, inline,
+/// fragment and hole extents left out).
+fn algorithms(img: &Path, path: &str) -> Vec<String> {
+    let st = json(&ok(&[&"stat", &"--json", &img, &path]));
+    let mut v: Vec<String> = st["extents"]
+        .as_array()
+        .expect("extents")
+        .iter()
+        .filter_map(|e| e["kind"].as_str())
+        .filter(|k| ["lz4", "lzma", "deflate", "zstd"].contains(k))
+        .map(str::to_string)
+        .collect();
+    v.dedup();
+    v
+}
+
+#[test]
+fn sort_compress_stores_listed_files_with_the_second_algorithm() {
+    let d = scratch("sortz");
+    let src = d.path().join("src");
+    std::fs::create_dir_all(src.join("sub")).expect("mkdir");
+    let mut r = Rng(23);
+    for i in 0..5 {
+        std::fs::write(src.join(format!("f{i}")), r.text(40_000 + 7000 * i)).expect("w");
+        std::fs::write(src.join(format!("sub/g{i}")), r.text(90_000 + 3000 * i)).expect("w");
+    }
+    // An unlisted copy of a listed file: dedupe must not share data across algorithms
+    // in a way the kernel reads wrong.
+    std::fs::copy(src.join("sub/g1"), src.join("g1.copy")).expect("copy");
+    // And one that starts with a listed file's bytes: with dedupe its first pclusters
+    // match the listed file's, which are stored with the other algorithm.
+    let mut longer = std::fs::read(src.join("sub/g3")).expect("read");
+    longer.extend(r.text(30_000));
+    std::fs::write(src.join("g3.longer"), longer).expect("w");
+    let listed = ["sub/g3", "f1", "sub/g1"];
+    let unlisted = [
+        "f0",
+        "f2",
+        "f3",
+        "f4",
+        "sub/g0",
+        "sub/g2",
+        "sub/g4",
+        "g1.copy",
+        "g3.longer",
+    ];
+    let list = d.path().join("order.txt");
+    std::fs::write(&list, listed.join("\n")).expect("write");
+    let list = list.to_str().expect("utf-8");
+    for (alg, extra) in [
+        ("zstd", vec![]),
+        ("lzma", vec!["-E", "dedupe"]),
+        ("zstd", vec!["-C", "65536", "-E", "smallest"]),
+        ("lz4", vec![]),
+    ] {
+        let img = d.path().join("sorted.erofs");
+        let mut a = vec!["-z", alg, "--sort", list];
+        a.extend(&extra);
+        // Without --sort-compress, the listed files use -z like the rest.
+        build(&src, &img, &a);
+        assert_eq!(algorithms(&img, "/f1"), [alg], "{alg} {extra:?}");
+        a.extend(["--sort-compress", "lz4hc,level=9"]);
+        build(&src, &img, &a);
+        for p in listed {
+            assert_eq!(
+                algorithms(&img, &format!("/{p}")),
+                ["lz4"],
+                "{alg} {extra:?}: {p}"
+            );
+        }
+        // With dedupe, the copy of a listed file shares its (lz4) data, index and all.
+        let dedupe = extra.contains(&"dedupe") || extra.contains(&"smallest");
+        for p in unlisted {
+            let got = algorithms(&img, &format!("/{p}"));
+            let want = if dedupe && p == "g1.copy" { "lz4" } else { alg };
+            assert!(
+                got.iter().all(|g| g == want),
+                "{alg} {extra:?}: {p} uses {got:?}"
+            );
+        }
+        if fsck_knows(alg) {
+            fsck_erofs(&img).unwrap_or_else(|e| panic!("{alg} {extra:?}: fsck.erofs:\n{e}"));
+        }
+        // --extract decodes every file (a plain fsck.erofs run leaves compressed data
+        // alone).
+        if let Some(fsck) = fsck_erofs_metabox() {
+            let out = std::process::Command::new(&fsck)
+                .arg("--extract")
+                .arg(&img)
+                .output()
+                .expect("run fsck.erofs");
+            assert!(
+                out.status.success(),
+                "{alg} {extra:?}: fsck.erofs --extract: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        if kernel_available("sort-compress") {
+            let m = Mount::erofs(&img);
+            assert_same_tree(&src, m.path());
+        }
+    }
+    // It needs --sort, and compression.
+    let img = d.path().join("bad.erofs");
+    for a in [
+        vec!["--sort-compress", "lz4"],
+        vec!["-z", "none", "--sort", list, "--sort-compress", "lz4"],
+        vec!["-z", "zstd", "--sort", list, "--sort-compress", "nope"],
+    ] {
+        let out = ferofs()
+            .arg("build")
+            .args(&a)
+            .arg(&src)
+            .arg(&img)
+            .output()
+            .expect("run");
+        assert!(!out.status.success(), "{a:?} succeeded");
+    }
+}
+
 #[test]
 fn files_sharing_a_prefix_share_its_pclusters_with_dedupe() {
     let d = scratch("packed-prefix");

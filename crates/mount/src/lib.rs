@@ -68,6 +68,9 @@ pub struct Options {
     pub suid: bool,
     pub dev: bool,
     pub record_access: Option<PathBuf>,
+    /// Read-ahead window of the mount's FUSE device in bytes, set as root through its
+    /// sysfs knob once mounted (0: the kernel's, 128 KiB); see [`set_read_ahead`].
+    pub read_ahead_bytes: u64,
     /// Print reader errors (corruption reports) on stderr as requests meet them.
     pub verbose: bool,
 }
@@ -88,10 +91,14 @@ impl Options {
             suid: false,
             dev: false,
             record_access: None,
+            read_ahead_bytes: DEFAULT_READ_AHEAD,
             verbose: false,
         }
     }
 }
+
+/// Default `-o read_ahead=SIZE`.
+pub const DEFAULT_READ_AHEAD: u64 = 4 << 20;
 
 /// Default `-o cache=SIZE`.
 pub const DEFAULT_CACHE_BYTES: usize = 32 << 20;
@@ -266,6 +273,9 @@ pub fn mount_source(o: &Options, src: ImageSource) -> Result<Mounted, MountError
     };
     cfg.n_threads = Some(o.threads.max(1));
     cfg.clone_fd = true;
+    // Before mounting: resolving the path afterwards would ask this daemon, which is not
+    // serving yet.
+    let mountpoint = std::fs::canonicalize(&o.mountpoint).unwrap_or_else(|_| o.mountpoint.clone());
     let signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
@@ -276,6 +286,11 @@ pub fn mount_source(o: &Options, src: ImageSource) -> Result<Mounted, MountError
         source: e,
     })?;
     let unmounter = session.unmount_callable();
+    if o.read_ahead_bytes > 0 && !set_read_ahead(&mountpoint, o.read_ahead_bytes) && o.verbose {
+        eprintln!(
+            "ferofs mount: read_ahead: the FUSE device's read-ahead window left at the kernel's (setting it needs root and a writable /sys)"
+        );
+    }
     Ok(Mounted {
         session,
         signals,
@@ -285,6 +300,62 @@ pub fn mount_source(o: &Options, src: ImageSource) -> Result<Mounted, MountError
         shared,
         verbose: o.verbose,
     })
+}
+
+/// Set the read-ahead window of the FUSE mount at `mountpoint` (canonical) to `bytes`,
+/// through `/sys/class/bdi/MAJ:MIN/read_ahead_kb`; best effort (root only), true when
+/// done. The kernel caps a FUSE mount's read-ahead at the default 128 KiB whatever the
+/// daemon asks for at INIT (it offers its current window and keeps the smaller of that
+/// and the reply), so a larger window can only be set from outside, once the INIT reply
+/// is processed: `Session::new` returns after the handshake, so this runs after it and
+/// the value sticks. The device comes from /proc/self/mountinfo (the last mount on that
+/// path): a stat of the mount point would be a request to this daemon, which is not
+/// serving yet.
+fn set_read_ahead(mountpoint: &Path, bytes: u64) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = mountpoint.to_string_lossy();
+    let dev = info
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(' ');
+            let dev = f.nth(2)?;
+            let at = f.nth(1)?;
+            (unescape_mountinfo(at) == *want).then_some(dev)
+        })
+        .next_back();
+    let Some(dev) = dev else { return false };
+    let kb = (bytes / 1024).max(4);
+    std::fs::write(
+        format!("/sys/class/bdi/{dev}/read_ahead_kb"),
+        kb.to_string(),
+    )
+    .is_ok()
+}
+
+/// A mountinfo path field: space, tab, newline and backslash are octal escapes.
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while let Some(&c) = b.get(i) {
+        let oct = b
+            .get(i + 1..i + 4)
+            .filter(|d| c == b'\\' && d.iter().all(|x| (b'0'..=b'7').contains(x)))
+            .map(|d| d.iter().fold(0u32, |v, x| v * 8 + u32::from(x - b'0')));
+        match oct.and_then(|v| u8::try_from(v).ok()) {
+            Some(v) => {
+                out.push(v);
+                i += 4;
+            }
+            None => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 impl Mounted {
@@ -323,5 +394,19 @@ impl Mounted {
             })?;
         }
         served.map_err(MountError::Io)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unescape_mountinfo;
+
+    #[test]
+    fn mountinfo_paths_unescape() {
+        assert_eq!(unescape_mountinfo("/tmp/a\\040b"), "/tmp/a b");
+        assert_eq!(unescape_mountinfo("/x\\011y\\012z\\134w"), "/x\ty\nz\\w");
+        // Not an escape: kept as it is.
+        assert_eq!(unescape_mountinfo("/a\\9b\\04"), "/a\\9b\\04");
+        assert_eq!(unescape_mountinfo("/plain"), "/plain");
     }
 }

@@ -178,6 +178,7 @@ pub fn parse_hex(what: &str, s: &str) -> Result<Vec<u8>> {
 /// exactly their paths, ahead of any other hint.
 fn sort_hint(c: &mut Compression, spec: CompressorSpec, sort: &[Vec<u8>]) -> Result<()> {
     if sort.is_empty() {
+        eprintln!("warning: --sort-compress: the --sort list is empty, so no file uses it");
         return Ok(());
     }
     let algorithm = match c.algorithms.iter().position(|a| *a == spec) {

@@ -585,6 +585,22 @@ fn sort_compress_stores_listed_files_with_the_second_algorithm() {
             .expect("run");
         assert!(!out.status.success(), "{a:?} succeeded");
     }
+    // An empty list builds, and says that --sort-compress had nothing to do.
+    let empty = d.path().join("empty.txt");
+    std::fs::write(&empty, "").expect("write");
+    let out = ferofs()
+        .args(["build", "-q", "-z", "zstd", "--sort"])
+        .arg(&empty)
+        .args(["--sort-compress", "lz4"])
+        .arg(&src)
+        .arg(&img)
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "warning: --sort-compress: the --sort list is empty, so no file uses it\n"
+    );
 }
 
 #[test]

@@ -522,7 +522,7 @@ fn compress_data(
             // The end of the file would leave its last block part empty: fill whole
             // blocks instead and leave the rest to an inline tail (mkfs.erofs does the
             // same). If that tail does not fit inline it takes the block saved here.
-            let (c2, w2) = comp.compress_destsize(src, &mut dst[..written / bu * bu]);
+            let (c2, w2) = comp.refit(&src[..consumed], &mut dst[..written / bu * bu], written);
             if c2 > 0 && w2 > 0 && c2 < consumed && (len - pos - c2) as u64 > 0 {
                 (consumed, written) = (c2, w2);
             }

@@ -463,6 +463,12 @@ pub fn run(a: BuildArgs) -> Result<()> {
                 ferofs_compress::PIECE_BYTES.load(Relaxed),
                 ferofs_compress::PIECE_CONSUMED.load(Relaxed),
             );
+            eprintln!(
+                "codec work   refits {} ({} trials over {} bytes)",
+                ferofs_compress::search::REFITS.load(Relaxed),
+                ferofs_compress::search::REFIT_TRIALS.load(Relaxed),
+                ferofs_compress::search::REFIT_BYTES.load(Relaxed),
+            );
         }
     }
     Ok(())

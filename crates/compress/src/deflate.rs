@@ -86,6 +86,20 @@ impl FixedOutputCompressor for Deflate {
             }
         }
     }
+
+    fn refit(&mut self, src: &[u8], dst: &mut [u8], whole_size: usize) -> (usize, usize) {
+        match self {
+            Deflate::Own(_) => self.compress_destsize(src, dst),
+            Deflate::Lib { c, search } => {
+                let bound = c.deflate_compress_bound(src.len());
+                search.refit(src, dst, bound, whole_size, |prefix, out| {
+                    let w = c.deflate_compress(prefix, out).ok()?;
+                    fix_leading_zero(&mut out[..w]);
+                    Some(w)
+                })
+            }
+        }
+    }
 }
 
 thread_local! {

@@ -297,6 +297,17 @@ pub trait FixedOutputCompressor: Send {
     /// builder calls this before every independently scheduled segment: that is what
     /// makes images byte-identical for any thread count.
     fn begin_stream(&mut self) {}
+    /// Compress a prefix of `src` again into `dst`, smaller than the `whole_size` bytes
+    /// all of `src` compressed to: for ending a file's pclusters on a block boundary
+    /// and storing the rest inline (ztailpacking). Same contract as
+    /// [`FixedOutputCompressor::compress_destsize`], except that the prefix may leave
+    /// a little more of `dst` unused (the rest of the input is not lost: the caller
+    /// compresses it into the tail). Codecs with a native fixed-output mode need
+    /// nothing else; searching ones start from the known size and stop sooner.
+    fn refit(&mut self, src: &[u8], dst: &mut [u8], whole_size: usize) -> (usize, usize) {
+        let _ = whole_size;
+        self.compress_destsize(src, dst)
+    }
 }
 
 /// A compressor for `spec`, for pclusters of at most `max_pcluster` bytes (which

@@ -246,14 +246,7 @@ impl FixedOutputCompressor for Zstd {
         let c = &mut self.c;
         let bound = zstd_safe::compress_bound(src.len());
         let (consumed, written) = self.search.run(src, dst, bound, |prefix, out| {
-            match c.compress2(out, prefix) {
-                Ok(w) if w > 0 => Some(w),
-                _ => {
-                    // A failed one-shot call leaves the context poisoned; clear it.
-                    let _ = c.reset(ResetDirective::SessionOnly);
-                    None
-                }
-            }
+            Zstd::one_shot(c, prefix, out)
         });
         self.ratio = if written > 0 {
             consumed as f64 / written as f64
@@ -261,6 +254,30 @@ impl FixedOutputCompressor for Zstd {
             1.0
         };
         (consumed, written)
+    }
+
+    fn refit(&mut self, src: &[u8], dst: &mut [u8], whole_size: usize) -> (usize, usize) {
+        // One-shot trials at any capacity: the piece-by-piece fill is for filling a
+        // pcluster from a long input, not for cutting a short one back.
+        let c = &mut self.c;
+        let bound = zstd_safe::compress_bound(src.len());
+        self.search
+            .refit(src, dst, bound, whole_size, |prefix, out| {
+                Zstd::one_shot(c, prefix, out)
+            })
+    }
+}
+
+impl Zstd {
+    fn one_shot(c: &mut CCtx<'static>, prefix: &[u8], out: &mut [u8]) -> Option<usize> {
+        match c.compress2(out, prefix) {
+            Ok(w) if w > 0 => Some(w),
+            _ => {
+                // A failed one-shot call leaves the context poisoned; clear it.
+                let _ = c.reset(ResetDirective::SessionOnly);
+                None
+            }
+        }
     }
 }
 

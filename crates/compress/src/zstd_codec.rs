@@ -60,6 +60,14 @@ const MIN_STREAM_RATIO: f64 = 1.1;
 /// The ratio assumed at the start of a stream.
 const START_RATIO: f64 = 3.0;
 
+/// Refits (cutting a file's last pcluster back to whole blocks for ztailpacking) into
+/// at least this much room are filled piece by piece, smaller ones by the prefix
+/// search. Measured at zstd 3, 128 KiB, `-E ztailpacking`, 2 threads, against every
+/// refit by search: linux tree 6.61 s -> 5.78 s for 0.05 % more image bytes, rootfs
+/// 0.01 % fewer. From 16 KiB: faster again (-8 %) but 0.25 % larger on the linux tree
+/// (a piece's block header and tables cost more than the search leaves unused).
+const REFIT_PIECES_MIN: usize = 32 << 10;
+
 /// Output room below which an overflowing piece ends the frame instead of being
 /// undone: the undo compresses the whole pcluster's input again for at most this many
 /// bytes. Measured at zstd 3, 128 KiB, `-E smallest`: 13.5 % less codec work on the
@@ -257,8 +265,17 @@ impl FixedOutputCompressor for Zstd {
     }
 
     fn refit(&mut self, src: &[u8], dst: &mut [u8], whole_size: usize) -> (usize, usize) {
-        // One-shot trials at any capacity: the piece-by-piece fill is for filling a
-        // pcluster from a long input, not for cutting a short one back.
+        // From REFIT_PIECES_MIN up, piece by piece, starting from the whole's ratio.
+        if dst.len() >= REFIT_PIECES_MIN && src.len() > dst.len() {
+            self.ratio = src.len() as f64 / whole_size.max(1) as f64;
+            if let Some((consumed, written)) = self.fill(src, dst) {
+                if consumed > dst.len() && consumed < src.len() {
+                    return (consumed, written);
+                }
+            }
+        }
+        // Smaller: one-shot trials (pieces would cost more in block headers than the
+        // search leaves unused).
         let c = &mut self.c;
         let bound = zstd_safe::compress_bound(src.len());
         self.search

@@ -412,3 +412,55 @@ fn zstd_pieces_follow_a_stream() {
         }
     }
 }
+
+/// Refits (ztailpacking's cut back to whole blocks): for every encoder, a file end that
+/// compresses to more than a whole number of blocks is compressed again into the blocks
+/// below; the new stream fits them, decodes to exactly the prefix it consumed, and that
+/// prefix is longer than the room (else storing would do) and shorter than the whole.
+/// zstd goes piece by piece from 32 KiB of room and by the search below; both are here.
+#[test]
+fn refits_cut_a_stream_back_to_whole_blocks() {
+    const BS: usize = 4096;
+    for spec_str in [
+        "lz4",
+        "lz4hc,9",
+        "lzma,6",
+        "deflate,6",
+        "deflate,12",
+        "zstd,3",
+        "zstd,15",
+    ] {
+        let spec = spec(spec_str);
+        let alg = spec.encoder.algorithm();
+        let cap = 128 << 10;
+        let cfg = cfg(&spec, cap);
+        let mut c = new_compressor(&spec, cap as u32).expect("compressor");
+        let mut refits = 0;
+        // Whole inputs of about 2, 6, 20 and 60 KiB of output.
+        for (i, len) in [6_000usize, 20_000, 70_000, 200_000]
+            .into_iter()
+            .enumerate()
+        {
+            let input = mixed(len, 40 + i as u64);
+            c.begin_stream();
+            let mut dst = vec![0u8; cap];
+            let (consumed, written) = c.compress_destsize(&input, &mut dst);
+            assert_eq!(consumed, len, "{spec_str} {len}: the whole fits");
+            if written <= BS || written % BS == 0 {
+                continue;
+            }
+            let room = written / BS * BS;
+            let mut again = vec![0u8; room];
+            let (c2, w2) = c.refit(&input, &mut again, written);
+            let what = format!("{spec_str} {len} -> {written}, refit into {room}");
+            assert!(w2 > 0 && w2 <= room, "{what}: wrote {w2}");
+            assert!(c2 > room && c2 < len, "{what}: consumed {c2}");
+            let mut out = vec![0u8; c2];
+            decompress(alg, &again[..w2], &mut out, false, &cfg)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(out == input[..c2], "{what}: roundtrip differs");
+            refits += 1;
+        }
+        assert!(refits >= 2, "{spec_str}: only {refits} refits exercised");
+    }
+}

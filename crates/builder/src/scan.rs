@@ -502,9 +502,12 @@ fn make_node(
         }
     };
     let xattrs = read_xattrs(path)?;
-    let o = opts;
-    let uid = o.force_uid.unwrap_or(if o.all_root { 0 } else { md.uid() });
-    let gid = o.force_gid.unwrap_or(if o.all_root { 0 } else { md.gid() });
+    let uid = opts
+        .force_uid
+        .unwrap_or(if opts.all_root { 0 } else { md.uid() });
+    let gid = opts
+        .force_gid
+        .unwrap_or(if opts.all_root { 0 } else { md.gid() });
     Ok(Node {
         kind,
         mode,

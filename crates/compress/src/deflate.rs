@@ -78,11 +78,7 @@ impl FixedOutputCompressor for Deflate {
             }
             Deflate::Lib { c, search } => {
                 let bound = c.deflate_compress_bound(src.len());
-                search.run(src, dst, bound, |prefix, out| {
-                    let w = c.deflate_compress(prefix, out).ok()?;
-                    fix_leading_zero(&mut out[..w]);
-                    Some(w)
-                })
+                search.run(src, dst, bound, |prefix, out| lib_trial(c, prefix, out))
             }
         }
     }
@@ -93,13 +89,18 @@ impl FixedOutputCompressor for Deflate {
             Deflate::Lib { c, search } => {
                 let bound = c.deflate_compress_bound(src.len());
                 search.refit(src, dst, bound, whole_size, |prefix, out| {
-                    let w = c.deflate_compress(prefix, out).ok()?;
-                    fix_leading_zero(&mut out[..w]);
-                    Some(w)
+                    lib_trial(c, prefix, out)
                 })
             }
         }
     }
+}
+
+/// One libdeflate compression of `prefix` into `out`: a trial of the prefix search.
+fn lib_trial(c: &mut Compressor, prefix: &[u8], out: &mut [u8]) -> Option<usize> {
+    let w = c.deflate_compress(prefix, out).ok()?;
+    fix_leading_zero(&mut out[..w]);
+    Some(w)
 }
 
 thread_local! {

@@ -86,7 +86,7 @@ impl Default for PrefixSearch {
 }
 
 /// A sample of `size`: prefix length and compressed size.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 struct Sample {
     n: usize,
     size: usize,
@@ -293,25 +293,49 @@ impl PrefixSearch {
 mod tests {
     use super::*;
 
-    /// Run the search against a synthetic size function; returns (consumed, written,
-    /// trials).
+    /// Run the search against a synthetic size function, fresh or (`refit`) from the
+    /// known size of the whole input; returns (consumed, written, trials).
+    fn drive(
+        s: &mut PrefixSearch,
+        len: usize,
+        cap: usize,
+        size: impl Fn(usize) -> usize,
+        refit: bool,
+    ) -> (usize, usize, usize) {
+        let src = vec![7u8; len];
+        let mut dst = vec![0u8; cap];
+        let mut trials = 0;
+        let trial = |p: &[u8], out: &mut [u8]| {
+            trials += 1;
+            let n = size(p.len());
+            let m = n.min(out.len());
+            out[..m].fill(1);
+            Some(n)
+        };
+        let (c, w) = if refit {
+            s.refit(&src, &mut dst, len + 64, size(len), trial)
+        } else {
+            s.run(&src, &mut dst, len + 64, trial)
+        };
+        (c, w, trials)
+    }
+
     fn run(
         s: &mut PrefixSearch,
         len: usize,
         cap: usize,
         size: impl Fn(usize) -> usize,
     ) -> (usize, usize, usize) {
-        let src = vec![7u8; len];
-        let mut dst = vec![0u8; cap];
-        let mut trials = 0;
-        let (c, w) = s.run(&src, &mut dst, len + 64, |p, out| {
-            trials += 1;
-            let n = size(p.len());
-            let m = n.min(out.len());
-            out[..m].fill(1);
-            Some(n)
-        });
-        (c, w, trials)
+        drive(s, len, cap, size, false)
+    }
+
+    fn refit(
+        s: &mut PrefixSearch,
+        len: usize,
+        cap: usize,
+        size: impl Fn(usize) -> usize,
+    ) -> (usize, usize, usize) {
+        drive(s, len, cap, size, true)
     }
 
     /// The exact answer for a monotone size function.
@@ -366,27 +390,6 @@ mod tests {
         // Shorter than cap but does not fit whole: nothing useful.
         assert_eq!(run(&mut s, 4090, 4096, |n| n + 9).0, 0);
         assert_eq!(run(&mut s, 0, 4096, |n| n + 9).0, 0);
-    }
-
-    /// Like `run`, for a refit from the known size of the whole input.
-    fn refit(
-        s: &mut PrefixSearch,
-        len: usize,
-        cap: usize,
-        size: impl Fn(usize) -> usize,
-    ) -> (usize, usize, usize) {
-        let src = vec![7u8; len];
-        let mut dst = vec![0u8; cap];
-        let mut trials = 0;
-        let whole = size(len);
-        let (c, w) = s.refit(&src, &mut dst, len + 64, whole, |p, out| {
-            trials += 1;
-            let n = size(p.len());
-            let m = n.min(out.len());
-            out[..m].fill(1);
-            Some(n)
-        });
-        (c, w, trials)
     }
 
     #[test]

@@ -125,6 +125,18 @@ impl Zstd {
         })
     }
 
+    /// One-shot compression of `prefix` into `out`: a trial of the prefix search.
+    fn one_shot(c: &mut CCtx<'static>, prefix: &[u8], out: &mut [u8]) -> Option<usize> {
+        match c.compress2(out, prefix) {
+            Ok(w) if w > 0 => Some(w),
+            _ => {
+                // A failed one-shot call leaves the context poisoned; clear it.
+                let _ = c.reset(ResetDirective::SessionOnly);
+                None
+            }
+        }
+    }
+
     /// Fill `dst` piece by piece (module doc). None: fall back to the prefix search.
     fn fill(&mut self, src: &[u8], dst: &mut [u8]) -> Option<(usize, usize)> {
         let cap = dst.len();
@@ -274,27 +286,14 @@ impl FixedOutputCompressor for Zstd {
                 }
             }
         }
-        // Smaller: one-shot trials (pieces would cost more in block headers than the
-        // search leaves unused).
+        // Smaller rooms (pieces would cost more in block headers than the search leaves
+        // unused), and pieces that failed: one-shot trials.
         let c = &mut self.c;
         let bound = zstd_safe::compress_bound(src.len());
         self.search
             .refit(src, dst, bound, whole_size, |prefix, out| {
                 Zstd::one_shot(c, prefix, out)
             })
-    }
-}
-
-impl Zstd {
-    fn one_shot(c: &mut CCtx<'static>, prefix: &[u8], out: &mut [u8]) -> Option<usize> {
-        match c.compress2(out, prefix) {
-            Ok(w) if w > 0 => Some(w),
-            _ => {
-                // A failed one-shot call leaves the context poisoned; clear it.
-                let _ = c.reset(ResetDirective::SessionOnly);
-                None
-            }
-        }
     }
 }
 

@@ -176,11 +176,10 @@ impl Reader<'_> {
         };
         match self.src {
             Source::Path(_) | Source::Scanned { .. } => {
+                // Always from `start`: `segments` (SEEK_HOLE) moves the file offset.
                 let mut f = &self.f;
-                if start > 0 {
-                    f.seek(SeekFrom::Start(start))
-                        .map_err(io_err(path, "compress: seek"))?;
-                }
+                f.seek(SeekFrom::Start(start))
+                    .map_err(io_err(path, "compress: seek"))?;
                 let before = data.len();
                 f.take(len as u64)
                     .read_to_end(data)

@@ -17,7 +17,6 @@ use crate::source::Source;
 use ferofs_compress::probe::{Probe, CHUNK};
 use ferofs_compress::{new_compressor, CompressorSpec, FixedOutputCompressor};
 use ferofs_format::zindex::{ExtentDesc, HeadKind};
-use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -197,6 +196,8 @@ struct SegOut {
     frag_hash: Option<FragHash>,
     /// Where the worker wrote the fragment piece's bytes in the spool.
     spooled: Option<Spooled>,
+    /// The file has holes: nothing compressed, the committer stores it as it is.
+    holey: bool,
 }
 
 /// A fragment piece written to the spool by the worker: its start in the file, length
@@ -330,6 +331,17 @@ fn compress_segment(
     // Read into fresh capacity (no zeroing first: small files are most jobs).
     let mut data = Vec::with_capacity(len);
     let r = job.src.open(job.size)?;
+    if r.segments().is_some() {
+        return Ok(SegOut {
+            pieces: Vec::new(),
+            raw: None,
+            shift: None,
+            fed: 0,
+            frag_hash: None,
+            spooled: None,
+            holey: true,
+        });
+    }
     r.read_into(job.start, len, &mut data)?;
     r.unchanged()?;
     if job.frag == FragMode::Whole {
@@ -351,6 +363,7 @@ fn compress_segment(
             fed: 0,
             frag_hash,
             spooled: None,
+            holey: false,
         });
     }
     let (pieces, fed) = compress_data(job, &data, comps, dst, c, bs)?;
@@ -372,6 +385,7 @@ fn compress_segment(
             fed,
             frag_hash,
             spooled: None,
+            holey: false,
         });
     }
     Ok(SegOut {
@@ -381,6 +395,7 @@ fn compress_segment(
         fed,
         frag_hash,
         spooled: None,
+        holey: false,
     })
 }
 
@@ -1039,17 +1054,6 @@ pub fn store_all(
     progress: &crate::Progress,
 ) -> Result<(Vec<Stored>, u64, u64)> {
     let bs = 1u64 << bits;
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .map_err(|e| BuildError::Options(format!("thread pool: {e}")))?;
-    // Files with holes keep them (chunk-based, uncompressed); the rest compress.
-    let holey: Vec<bool> = pool.install(|| {
-        files
-            .par_iter()
-            .map(|f| !f.skip && f.src.open(f.size).ok().and_then(|h| h.segments()).is_some())
-            .collect()
-    });
     let shift_on = pcl.is_some();
     // Workers write fragment bytes to the spool themselves.
     let spool = frags.as_deref().map(FragStore::spool);
@@ -1058,13 +1062,15 @@ pub fn store_all(
         // A file of at most one block cannot shrink unless its compressed form goes
         // inline (ztailpacking): compressed it still takes a block, raw its bytes go
         // inline or take that one block. Not compressing it gives the same image.
-        let frag = if holey[fi] || frags.is_none() {
+        // Files with holes keep them (chunk-based, uncompressed): the worker that opens
+        // one finds its holes and hands it back as `SegOut::holey`, to be stored here
+        // as it is (one open a file instead of one more to look for holes first).
+        let frag = if frags.is_none() {
             FragMode::None
         } else {
             f.frag
         };
-        if holey[fi]
-            || f.skip
+        if f.skip
             || f.size == 0
             || (!c.ztailpacking && frag == FragMode::None && f.size <= bs)
         {
@@ -1106,6 +1112,42 @@ pub fn store_all(
     // The committer (this thread) takes results strictly in job order while the
     // workers run ahead, at most `window` input bytes past the last committed job.
     let mut commit = |job: &Job, seg: SegOut| -> Result<()> {
+        let changed = || BuildError::Invalid {
+            path: job.src.path().to_path_buf(),
+            what: "changed while the build read it (holes appeared or went)".into(),
+        };
+        if seg.holey {
+            if pending.as_ref().is_some_and(|(f, _)| *f == job.file) {
+                return Err(changed());
+            }
+            // Its first job stores the whole file; the others have nothing to add.
+            if results[job.file].is_none() {
+                if let Some((f, p)) = pending.take() {
+                    let fs = frags.as_deref_mut();
+                    let pm = pcl.as_deref_mut();
+                    results[f] = Some(finish_file(
+                        &files[f],
+                        p,
+                        c,
+                        out,
+                        bits,
+                        &mut next_blk,
+                        fs,
+                        pm,
+                    )?);
+                }
+                for f in done_upto..=job.file {
+                    if results[f].is_none() {
+                        results[f] = Some(store_jobless(&files[f], out, bits, &mut next_blk)?);
+                    }
+                }
+                done_upto = job.file + 1;
+            }
+            return Ok(());
+        }
+        if results[job.file].is_some() {
+            return Err(changed());
+        }
         if pending.as_ref().map(|(f, _)| *f) != Some(job.file) {
             if let Some((f, p)) = pending.take() {
                 let fs = frags.as_deref_mut();
@@ -1263,20 +1305,6 @@ fn run_ordered(
     progress: &crate::Progress,
     commit: &mut dyn FnMut(&Job, SegOut) -> Result<()>,
 ) -> Result<()> {
-    if threads <= 1 {
-        let mut comps = HashMap::new();
-        let mut dst = Vec::new();
-        for job in jobs.chunks(1) {
-            let mut r = [compress_segment(&job[0], &mut comps, &mut dst, c, bs)];
-            Spooled::put_batch(job, &mut r)?;
-            let [r] = r;
-            progress.add_done(job[0].end - job[0].start);
-            commit(&job[0], r?)?;
-        }
-        return Ok(());
-    }
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    use std::sync::{mpsc, Condvar, Mutex};
     // Input bytes before each job.
     let mut cum = Vec::with_capacity(jobs.len() + 1);
     let mut acc = 0u64;
@@ -1292,6 +1320,31 @@ fn run_ordered(
             bounds.push(i);
         }
     }
+    if threads <= 1 {
+        // Batches here too: one spool write for a batch's fragments, as on workers.
+        let mut comps = HashMap::new();
+        let mut dst = Vec::new();
+        for w in bounds.windows(2) {
+            let batch = &jobs[w[0]..w[1]];
+            let mut rs = Vec::with_capacity(batch.len());
+            for job in batch {
+                let r = compress_segment(job, &mut comps, &mut dst, c, bs);
+                progress.add_done(job.end - job.start);
+                let failed = r.is_err();
+                rs.push(r);
+                if failed {
+                    break;
+                }
+            }
+            Spooled::put_batch(batch, &mut rs)?;
+            for (job, r) in batch.iter().zip(rs) {
+                commit(job, r?)?;
+            }
+        }
+        return Ok(());
+    }
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{mpsc, Condvar, Mutex};
     let next = AtomicUsize::new(0);
     let committed = Mutex::new(0u64);
     let moved = Condvar::new();

@@ -459,6 +459,9 @@ fn compress_data(
     // With fragments, what is left of a file once it fits one pcluster uncompressed
     // goes to the packed inode as it is (mkfs.erofs does the same).
     let frag_tail = job.last && job.frag == FragMode::Tail;
+    // With a codec slower than LZ4 at its fastest, a rest that may fit one pcluster is
+    // tried with that first (below).
+    let fast_try = frag_tail && c.algorithms[job.alg].encoder != ferofs_compress::Encoder::Lz4;
     let plain_tail = job.last && !c.ztailpacking && !frag_tail;
     // Input bytes handed to the compressor.
     let mut fed = len as u64;
@@ -470,9 +473,22 @@ fn compress_data(
         // A rest that fits a pcluster raw, or that the last pcluster's ratio says
         // compresses well inside one, goes to the packed inode without being
         // compressed here first (it would be compressed there again).
-        let guess = ratio.map(|r| (rest as f64 / r) as usize);
+        let mut guess = ratio.map(|r| (rest as f64 / r) as usize);
+        // Whether LZ4 at its fastest fits all of the rest into less than a pcluster.
+        let mut fast_fit = false;
+        if fast_try && guess.is_none() && rest > job.pcluster as usize {
+            // No pcluster of this job compressed yet. When LZ4 at its fastest fits the
+            // rest into a pcluster, the slower, stronger codec would too, and the rest
+            // would then go to the packed inode below with that work thrown away.
+            let room = job.pcluster as usize - 1;
+            if let Some(w) = ferofs_compress::lz4_fits(&data[pos..], &mut dst[..room]) {
+                guess = Some(w);
+                fast_fit = true;
+            }
+        }
         if frag_tail
             && (rest <= job.pcluster as usize
+                || fast_fit
                 || guess.is_some_and(|w| {
                     w.saturating_mul(FRAG_GUESS_MARGIN) < job.pcluster as usize * 8
                 }))

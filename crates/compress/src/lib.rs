@@ -45,6 +45,20 @@ pub use zstd_codec::{PIECE_BYTES, PIECE_CONSUMED, PIECE_EARLY_ENDS, STREAM_MIN_C
 
 use std::fmt;
 
+/// A cheap sufficient test that data compresses into `out.len()` bytes: whether LZ4
+/// at its fastest does (into `out`), and into how many bytes; every other codec
+/// compresses about as well or better. Its cost is bounded by `out.len()`, not by
+/// `src.len()`. Always None without LZ4 support.
+pub fn lz4_fits(src: &[u8], out: &mut [u8]) -> Option<usize> {
+    #[cfg(feature = "lz4")]
+    return lz4::fast_fits(src, out);
+    #[cfg(not(feature = "lz4"))]
+    {
+        let _ = (src, out);
+        None
+    }
+}
+
 /// On-disk algorithm ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Algorithm {

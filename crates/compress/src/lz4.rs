@@ -19,6 +19,18 @@ fn accept(dst: &[u8], consumed: usize, written: usize) -> (usize, usize) {
 
 pub struct Lz4Fast;
 
+/// Whether liblz4 at its fastest compresses all of `src` into `out`, and into how
+/// many bytes. It stops once `out` is full, so the cost is bounded by `out.len()`,
+/// whatever `src.len()`.
+pub fn fast_fits(src: &[u8], out: &mut [u8]) -> Option<usize> {
+    if src.is_empty() || out.is_empty() {
+        return None;
+    }
+    let (c, n) = f::compress_dest_size(src, out);
+    let (c, n) = accept(out, c, n);
+    (c == src.len() && n > 0).then_some(n)
+}
+
 impl FixedOutputCompressor for Lz4Fast {
     fn algorithm(&self) -> Algorithm {
         Algorithm::Lz4
@@ -88,5 +100,43 @@ pub fn decompress(src: &[u8], dst: &mut [u8], partial: bool) -> Result<(), Decom
         None => Err(err(ErrorKind::Corrupt(
             "bad LZ4 block (or longer than the extent)",
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_fits_says_whether_all_of_the_input_fits_and_into_how_much() {
+        let text: Vec<u8> = b"a line of source text, repeated with a counter: "
+            .iter()
+            .copied()
+            .cycle()
+            .take(300 << 10)
+            .collect();
+        let mut out = vec![0u8; (128 << 10) - 1];
+        let n = fast_fits(&text, &mut out).expect("300 KiB of repeated text fits");
+        assert!(n < 4096, "{n}");
+        let mut back = vec![0u8; text.len()];
+        decompress(&out[..n], &mut back, false).expect("decodes");
+        assert!(back == text);
+
+        // Random bytes (xorshift): 200 KiB cannot fit 128 KiB.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let random: Vec<u8> = (0..200 << 10)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 32) as u8
+            })
+            .collect();
+        assert_eq!(fast_fits(&random, &mut out), None);
+        // What does fit, exactly: the first 100 KiB of them.
+        let n = fast_fits(&random[..100 << 10], &mut out).expect("100 KiB fits raw");
+        assert!(n > 100 << 10 && n < out.len(), "{n}");
+        assert_eq!(fast_fits(&[], &mut out), None);
+        assert_eq!(fast_fits(&text, &mut []), None);
     }
 }

@@ -151,7 +151,8 @@ impl Zstd {
     }
 
     /// Fill `dst` piece by piece (module doc). None: fall back to the prefix search.
-    fn fill(&mut self, src: &[u8], dst: &mut [u8]) -> Option<(usize, usize)> {
+    /// `one_block`: whole blocks go one a piece (see [`MULTI_BLOCK_MIN_CAP`]).
+    fn fill(&mut self, src: &[u8], dst: &mut [u8], one_block: bool) -> Option<(usize, usize)> {
         let cap = dst.len();
         let setup = Setup {
             level: self.level,
@@ -183,7 +184,7 @@ impl Zstd {
                 None => {
                     let whole = (room * est / WHOLE_MARGIN) as usize;
                     if whole >= BLOCK {
-                        let blocks = if cap < MULTI_BLOCK_MIN_CAP { 1 } else { whole / BLOCK };
+                        let blocks = if one_block { 1 } else { whole / BLOCK };
                         (blocks * BLOCK).min(left)
                     } else {
                         let p = (room * est / PART_MARGIN) as usize;
@@ -268,7 +269,8 @@ impl FixedOutputCompressor for Zstd {
 
     fn compress_destsize(&mut self, src: &[u8], dst: &mut [u8]) -> (usize, usize) {
         if dst.len() >= STREAM_MIN_CAP && src.len() > dst.len() && self.ratio >= MIN_STREAM_RATIO {
-            if let Some((consumed, written)) = self.fill(src, dst) {
+            let one_block = dst.len() < MULTI_BLOCK_MIN_CAP;
+            if let Some((consumed, written)) = self.fill(src, dst, one_block) {
                 // Nothing longer than the pcluster fitted: storing is as good.
                 if consumed > dst.len() {
                     return (consumed, written);
@@ -294,7 +296,10 @@ impl FixedOutputCompressor for Zstd {
         // From REFIT_PIECES_MIN up, piece by piece, starting from the whole's ratio.
         if dst.len() >= REFIT_PIECES_MIN && src.len() > dst.len() {
             self.ratio = src.len() as f64 / whole_size.max(1) as f64;
-            if let Some((consumed, written)) = self.fill(src, dst) {
+            // The whole's ratio sizes the first piece well, and the room is not the
+            // pcluster's: several blocks a piece. (One-block pieces here moved ends of
+            // files that were inline into blocks of their own.)
+            if let Some((consumed, written)) = self.fill(src, dst, false) {
                 if consumed > dst.len() && consumed < src.len() {
                     return (consumed, written);
                 }

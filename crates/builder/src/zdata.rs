@@ -1132,36 +1132,10 @@ pub fn store_all(
             path: job.src.path().to_path_buf(),
             what: "changed while the build read it (holes appeared or went)".into(),
         };
-        if seg.holey {
-            if pending.as_ref().is_some_and(|(f, _)| *f == job.file) {
-                return Err(changed());
-            }
-            // Its first job stores the whole file; the others have nothing to add.
-            if results[job.file].is_none() {
-                if let Some((f, p)) = pending.take() {
-                    let fs = frags.as_deref_mut();
-                    let pm = pcl.as_deref_mut();
-                    results[f] = Some(finish_file(
-                        &files[f],
-                        p,
-                        c,
-                        out,
-                        bits,
-                        &mut next_blk,
-                        fs,
-                        pm,
-                    )?);
-                }
-                for f in done_upto..=job.file {
-                    if results[f].is_none() {
-                        results[f] = Some(store_jobless(&files[f], out, bits, &mut next_blk)?);
-                    }
-                }
-                done_upto = job.file + 1;
-            }
-            return Ok(());
-        }
-        if results[job.file].is_some() {
+        // A file's jobs are all holey or none is (else it changed while being read).
+        if seg.holey && pending.as_ref().is_some_and(|(f, _)| *f == job.file)
+            || !seg.holey && results[job.file].is_some()
+        {
             return Err(changed());
         }
         if pending.as_ref().map(|(f, _)| *f) != Some(job.file) {
@@ -1185,6 +1159,15 @@ pub fn store_all(
                 results[f] = Some(store_jobless(&files[f], out, bits, &mut next_blk)?);
             }
             done_upto = job.file;
+            if seg.holey {
+                // Its first job stores the whole file; the others have nothing to add.
+                if results[job.file].is_none() {
+                    let f = &files[job.file];
+                    results[job.file] = Some(store_jobless(f, out, bits, &mut next_blk)?);
+                }
+                done_upto = job.file + 1;
+                return Ok(());
+            }
             pending = Some((
                 job.file,
                 Pending {

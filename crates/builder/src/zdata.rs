@@ -1086,10 +1086,7 @@ pub fn store_all(
         } else {
             f.frag
         };
-        if f.skip
-            || f.size == 0
-            || (!c.ztailpacking && frag == FragMode::None && f.size <= bs)
-        {
+        if f.skip || f.size == 0 || (!c.ztailpacking && frag == FragMode::None && f.size <= bs) {
             continue;
         }
         let (alg, pcl) = policy(c, &f.rel);

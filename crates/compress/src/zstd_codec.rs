@@ -425,8 +425,14 @@ mod tests {
         let (consumed, written) = z.compress_destsize(&src, &mut dst);
         let work = PIECE_BYTES.load(Ordering::Relaxed) - before;
         // About 2:1: well over a pcluster's worth, filled to within a few dozen bytes.
-        assert!(consumed > 200 << 10 && consumed < 300 << 10, "consumed {consumed}");
-        assert!(written > dst.len() - 64 && written <= dst.len(), "written {written}");
+        assert!(
+            consumed > 200 << 10 && consumed < 300 << 10,
+            "consumed {consumed}"
+        );
+        assert!(
+            written > dst.len() - 64 && written <= dst.len(),
+            "written {written}"
+        );
         // Several whole blocks as the first piece (the old sizing) overflow and are
         // thrown away: at least 512 KiB of work beyond what was consumed.
         assert!(

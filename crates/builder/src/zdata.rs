@@ -1285,6 +1285,33 @@ pub fn store_all(
     Ok((v, next_blk, fed))
 }
 
+/// Compress consecutive jobs in order, up to the first error, and write the batch's
+/// fragments to the spool in one write (an error there replaces the results).
+fn compress_batch(
+    batch: &[Job],
+    comps: &mut Codecs,
+    dst: &mut Vec<u8>,
+    c: &Compression,
+    bs: u64,
+    progress: &crate::Progress,
+) -> Vec<Result<SegOut>> {
+    let mut rs = Vec::with_capacity(batch.len());
+    for job in batch {
+        let r = compress_segment(job, comps, dst, c, bs);
+        progress.add_done(job.end - job.start);
+        let failed = r.is_err();
+        rs.push(r);
+        if failed {
+            break;
+        }
+    }
+    if let Err(e) = Spooled::put_batch(batch, &mut rs) {
+        rs.clear();
+        rs.push(Err(e));
+    }
+    rs
+}
+
 /// Run `jobs` on `threads` workers and hand each result to `commit` in job order, on
 /// the calling thread. Workers take batches of consecutive jobs (about `BATCH_BYTES`
 /// of input) in order and start a batch only while it lies less than `window` input
@@ -1322,17 +1349,7 @@ fn run_ordered(
         let mut dst = Vec::new();
         for w in bounds.windows(2) {
             let batch = &jobs[w[0]..w[1]];
-            let mut rs = Vec::with_capacity(batch.len());
-            for job in batch {
-                let r = compress_segment(job, &mut comps, &mut dst, c, bs);
-                progress.add_done(job.end - job.start);
-                let failed = r.is_err();
-                rs.push(r);
-                if failed {
-                    break;
-                }
-            }
-            Spooled::put_batch(batch, &mut rs)?;
+            let rs = compress_batch(batch, &mut comps, &mut dst, c, bs, progress);
             for (job, r) in batch.iter().zip(rs) {
                 commit(job, r?)?;
             }
@@ -1386,21 +1403,8 @@ fn run_ordered(
                     if stop.load(Ordering::SeqCst) {
                         break;
                     }
-                    let mut batch = Vec::with_capacity(end - first);
-                    for job in &jobs[first..end] {
-                        let r = compress_segment(job, &mut comps, &mut dst, c, bs);
-                        progress.add_done(job.end - job.start);
-                        let failed = r.is_err();
-                        batch.push(r);
-                        if failed {
-                            break;
-                        }
-                    }
-                    // The batch's fragments go to the spool in one write.
-                    if let Err(e) = Spooled::put_batch(&jobs[first..], &mut batch) {
-                        batch.clear();
-                        batch.push(Err(e));
-                    }
+                    let batch =
+                        compress_batch(&jobs[first..end], &mut comps, &mut dst, c, bs, progress);
                     if tx.send((b, batch)).is_err() {
                         break;
                     }

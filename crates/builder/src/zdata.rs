@@ -496,7 +496,7 @@ fn compress_data(
         // compresses well inside one, goes to the packed inode without being
         // compressed here first (it would be compressed there again).
         let mut guess = ratio.map(|r| (rest as f64 / r) as usize);
-        // Whether LZ4 at its fastest fits all of the rest into less than a pcluster.
+        // Whether LZ4 at its fastest fits all of the rest into the try's room.
         let mut fast_fit = false;
         if fast_try && guess.is_none() && rest > pcl {
             // No pcluster of this job compressed yet. When LZ4 at its fastest fits the

@@ -447,16 +447,18 @@ fn compress_data(
     // before: the output must not depend on the thread count or on scheduling.
     comp.begin_stream();
     let pcl = job.pcluster as usize;
-    // With a codec slower than LZ4 at its fastest, a rest that may fit one pcluster is
-    // tried with that first (below), in a room of a few quarters of a pcluster.
+    // With fragments, what is left of a file once it fits one pcluster uncompressed
+    // goes to the packed inode as it is (mkfs.erofs does the same).
     let frag_tail = job.last && job.frag == FragMode::Tail;
+    // With a codec slower than LZ4 at its fastest, a rest that may fit one pcluster is
+    // tried with that first (below), in a room of a few quarters of a pcluster (0: no
+    // try).
     let try_room = match c.algorithms[job.alg].encoder {
-        _ if !frag_tail => 0,
         ferofs_compress::Encoder::Lz4 => 0,
+        _ if !frag_tail => 0,
         ferofs_compress::Encoder::Lzma => pcl / 4 * FAST_TRY_ROOM_QUARTERS_LZMA,
         _ => pcl / 4 * FAST_TRY_ROOM_QUARTERS,
     };
-    let fast_try = try_room > 0;
     // The worker's output buffer, reused: zeroed only when it grows.
     if dst.len() < pcl.max(try_room) {
         dst.resize(pcl.max(try_room), 0);
@@ -482,8 +484,6 @@ fn compress_data(
     // At the end of a file, at most one block left takes one block compressed or not
     // (unless the compressed tail goes inline): store it as is, without compressing it
     // (as mkfs.erofs does).
-    // With fragments, what is left of a file once it fits one pcluster uncompressed
-    // goes to the packed inode as it is (mkfs.erofs does the same).
     let plain_tail = job.last && !c.ztailpacking && !frag_tail;
     // Input bytes handed to the compressor.
     let mut fed = len as u64;
@@ -498,7 +498,7 @@ fn compress_data(
         let mut guess = ratio.map(|r| (rest as f64 / r) as usize);
         // Whether LZ4 at its fastest fits all of the rest into the try's room.
         let mut fast_fit = false;
-        if fast_try && guess.is_none() && rest > pcl {
+        if try_room > 0 && guess.is_none() && rest > pcl {
             // No pcluster of this job compressed yet. When LZ4 at its fastest fits the
             // rest into about a pcluster, the slower, stronger codec would fit it into
             // less than one, and the rest would then go to the packed inode below
@@ -1161,8 +1161,8 @@ pub fn store_all(
             what: "changed while the build read it (holes appeared or went)".into(),
         };
         // A file's jobs are all holey or none is (else it changed while being read).
-        if seg.holey && pending.as_ref().is_some_and(|(f, _)| *f == job.file)
-            || !seg.holey && results[job.file].is_some()
+        if (seg.holey && pending.as_ref().is_some_and(|(f, _)| *f == job.file))
+            || (!seg.holey && results[job.file].is_some())
         {
             return Err(changed());
         }

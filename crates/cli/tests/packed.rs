@@ -766,3 +766,67 @@ fn huge_sparse_copies_dedupe_by_their_data_only() {
         assert_eq!(buf, [7; 4]);
     }
 }
+
+/// A highly compressible file longer than a few pclusters' input keeps its first
+/// pclusters and sends all the rest to the packed inode: a fragment tail longer than
+/// the 12 MiB that bounds any decoded extent. The kernel and fsck.erofs read such a
+/// tail (it is never decoded as one extent); ferofs's reader once refused it
+/// ("lookback longer than the largest extent"). With dedupe, a second copy shares the
+/// first's pclusters and tail.
+#[test]
+fn a_fragment_tail_longer_than_12_mib_reads_back() {
+    let d = scratch("packed-long-tail");
+    let src = d.path().join("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    let mut data = Vec::with_capacity(30 << 20);
+    let mut i = 0u64;
+    while data.len() < 30 << 20 {
+        data.extend_from_slice(
+            format!("#define REG_{:08}_MASK 0x{:08x}\n", i % 64, i % 64).as_bytes(),
+        );
+        i += 1;
+    }
+    data.truncate((30 << 20) - 4321);
+    std::fs::write(src.join("regs.h"), &data).expect("write");
+    std::fs::write(src.join("small"), b"a small file\n").expect("write");
+    for (name, e) in [("fragments", "fragments"), ("dedupe", "fragments,dedupe")] {
+        if name == "dedupe" {
+            let mut copy = data.clone();
+            copy.extend_from_slice(b"one more line\n");
+            std::fs::write(src.join("regs-copy.h"), &copy).expect("write");
+        }
+        let img = d.path().join(format!("{name}.erofs"));
+        build(&src, &img, &["-z", "lz4", "-C", "1048576", "-E", e]);
+        let st = json(&ok(&[&"stat", &"--json", &img, &"/regs.h"]));
+        let tail = st["extents"]
+            .as_array()
+            .expect("extents")
+            .iter()
+            .find(|e| e["kind"].as_str().is_some_and(|k| k.contains("fragment")))
+            .unwrap_or_else(|| panic!("{name}: no fragment tail: {st}"))
+            .clone();
+        assert!(
+            tail["length"].as_u64().expect("length") > 12 << 20,
+            "{name}: the tail is not longer than 12 MiB: {tail}"
+        );
+        ok(&[&"check", &img]);
+        let out = common::run(&[&"cat", &img, &"/regs.h"]);
+        assert!(
+            out.status.success(),
+            "{name}: cat: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.stdout == data, "{name}: cat differs");
+        let x = d.path().join("x");
+        ok(&[&"extract", &img, &x]);
+        assert_same_tree(&src, &x);
+        std::fs::remove_dir_all(&x).expect("rm");
+        if fsck_knows("lz4") {
+            fsck_erofs(&img).unwrap_or_else(|e| panic!("{name}: fsck.erofs: {e}"));
+        }
+        if kernel_available("long_fragment_tail") {
+            let m = Mount::erofs(&img);
+            assert_same_tree(&src, m.path());
+        }
+    }
+}

@@ -78,6 +78,10 @@ const MAX_DSIZE: u64 = ferofs_format::PCLUSTER_MAX_DSIZE;
 /// Furthest an index lookup walks back (delta[0] hops) to find the head of an extent:
 /// the largest extent, [`MAX_DSIZE`]. Public as [`crate::limits::MAX_LOOKBACK_BYTES`].
 pub(crate) const MAX_LOOKBACK_BYTES: u64 = MAX_DSIZE;
+/// A fragment tail's lookback (see `find_head_from`): at most this many hops plus one
+/// per 2^TAIL_HOP_BITS lclusters walked.
+const MIN_TAIL_HOPS: u64 = 4;
+const TAIL_HOP_BITS: u32 = 11;
 
 /// Bytes of inode metadata (map header, lcluster indexes, extent records) read at once.
 const META_WIN: u64 = 16 << 10;
@@ -249,7 +253,8 @@ impl<S: Source> Image<S> {
             zi.fragment_off = Some(u64::from(h.fragment_off()));
         }
         if zi.inline.is_some() || zi.fragment_off.is_some() {
-            let (head, lc) = self.find_head(m, ino, &zi, ino.size - 1)?;
+            let tail = zi.fragment_off.is_some();
+            let (head, lc) = self.find_head_from(m, ino, &zi, ino.size - 1, tail)?;
             zi.tail_head = Some(head);
             if !compact {
                 if let Some(f) = zi.fragment_off.as_mut() {
@@ -442,6 +447,28 @@ impl<S: Source> Image<S> {
 
     /// The head lcluster of the extent holding logical offset `x`.
     fn find_head(&self, m: &mut MetaWin, ino: &Inode, zi: &ZInfo, x: u64) -> Result<(u64, Lc)> {
+        // At or after the head of a fragment tail, the extent may be longer than
+        // MAX_DSIZE (see `find_head_from`).
+        let tail = zi.fragment_off.is_some() && zi.tail_head.is_some_and(|t| x >> zi.lbits >= t);
+        self.find_head_from(m, ino, zi, x, tail)
+    }
+
+    /// [`Self::find_head`]; `tail`: `x` may lie in a file's fragment tail. That extent
+    /// is not decoded as one (its bytes are read from the packed inode), and the
+    /// kernel and erofs-utils bound no extent of that kind: mkfs.erofs's tails stay
+    /// under about 8 MiB, ferofs's may be far longer (all of a highly compressible
+    /// file after its first pclusters). Its lookback is bounded in hops instead:
+    /// writers point each NONHEAD as far back as its index field reaches (thousands of
+    /// lclusters), so a walk of `D` lclusters takes a few hops more than `D / 2048` at
+    /// most, and a crafted index of one-lcluster hops is refused early.
+    fn find_head_from(
+        &self,
+        m: &mut MetaWin,
+        ino: &Inode,
+        zi: &ZInfo,
+        x: u64,
+        tail: bool,
+    ) -> Result<(u64, Lc)> {
         let lsz = 1u64 << zi.lbits;
         let mut lcn = x >> zi.lbits;
         let ofs = x & (lsz - 1);
@@ -466,13 +493,24 @@ impl<S: Source> Image<S> {
         // further than an extent may be long (MAX_LOOKBACK_BYTES): the extent holding
         // `x` starts at most one lcluster before the head found.
         let from = x >> zi.lbits;
+        let mut hops = 0u64;
         while lc.ty == LCLUSTER_TYPE_NONHEAD {
             let d = u64::from(lc.delta0);
             if d == 0 || d > lcn {
                 return Err(self.zerr(ino, CorruptKind::BadLcluster, lcn, "bad lookback distance"));
             }
             lcn -= d;
-            if (from - lcn).saturating_sub(1) << zi.lbits > MAX_LOOKBACK_BYTES {
+            hops += 1;
+            if tail {
+                if hops > MIN_TAIL_HOPS + ((from - lcn) >> TAIL_HOP_BITS) {
+                    return Err(self.zerr(
+                        ino,
+                        CorruptKind::BadLcluster,
+                        lcn,
+                        "fragment tail lookback in too many short hops",
+                    ));
+                }
+            } else if (from - lcn).saturating_sub(1) << zi.lbits > MAX_LOOKBACK_BYTES {
                 return Err(self.zerr(
                     ino,
                     CorruptKind::BadLcluster,
@@ -517,9 +555,11 @@ impl<S: Source> Image<S> {
         let bs = 1u64 << self.blkszbits;
         let (head, lc) = self.find_head(m, ino, zi, x)?;
         let la = (head << zi.lbits) + u64::from(lc.clusterofs);
-        // Extent end: the next head (its clusterofs) or the end of the file.
+        // Extent end: the next head (its clusterofs) or the end of the file. A fragment
+        // tail runs to the end of the file (and may be longer than MAX_DSIZE).
+        let frag_tail = zi.fragment_off.is_some() && Some(head) == zi.tail_head;
         let mut end = ino.size;
-        let mut k = head + 1;
+        let mut k = if frag_tail { zi.nlclusters } else { head + 1 };
         // Bounded by the file and by the largest extent: lcluster k belongs to this
         // extent unless it starts the next one, so a scan past MAX_DSIZE is an error.
         while k < zi.nlclusters {
@@ -538,7 +578,7 @@ impl<S: Source> Image<S> {
             }
             k += 1;
         }
-        if end <= la || end - la > MAX_DSIZE {
+        if end <= la || (end - la > MAX_DSIZE && !frag_tail) {
             return Err(self.zerr(ino, CorruptKind::BadLcluster, head, "bad extent length"));
         }
         let kind = match lc.ty {

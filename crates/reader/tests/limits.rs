@@ -142,6 +142,45 @@ fn index_lookback_and_lookahead_stop_at_the_largest_extent() {
     assert!(read < 256 << 10, "{read} bytes of index read");
 }
 
+/// A file with a fragment tail (its last extent lives in the packed inode) may look
+/// back further than 12 MiB to that tail's head, but writers reach back thousands of
+/// lclusters a hop: an index of one-lcluster hops is refused after a few, without
+/// walking the file's 40,000 indexes.
+#[test]
+fn fragment_tail_lookback_in_short_hops_is_refused() {
+    let n = 40_000;
+    let mut meta = vec![0u8; full_index_at(n)];
+    // Map header: fragment offset 0, advise FRAGMENT_PCLUSTER, lz4, 4 KiB lclusters.
+    meta[4..6].copy_from_slice(&0x20u16.to_le_bytes());
+    let i0 = full_index_at(0);
+    meta[i0..i0 + 8].copy_from_slice(&[1, 0, 0, 0, 0, 1, 0, 0]);
+    for i in 1..n {
+        let o = full_index_at(i);
+        meta[o..o + 8].copy_from_slice(&[2, 0, 0, 0, 1, 0, 1, 0]);
+    }
+    let nodes = vec![
+        Node::Dir(vec![
+            (b".".to_vec(), 0),
+            (b"..".to_vec(), 0),
+            (b"z".to_vec(), 1),
+        ]),
+        Node::Compressed {
+            size: n as u64 * 4096,
+            meta,
+        },
+    ];
+    let src = std::sync::Arc::new(Counting(image(&nodes, 0), 0.into()));
+    let img = Image::new(src.clone()).expect("open");
+    let z = img.lookup(b"/z").expect("lookup");
+    let before = src.1.load(std::sync::atomic::Ordering::Relaxed);
+    let mut buf = [0u8; 100];
+    let e = img.read_at(&z, 0, &mut buf).expect_err("short hops");
+    assert_eq!(e.corrupt_kind(), Some(CorruptKind::BadLcluster), "{e}");
+    assert!(e.to_string().contains("short hops"), "{e}");
+    let read = src.1.load(std::sync::atomic::Ordering::Relaxed) - before;
+    assert!(read < 64 << 10, "{read} bytes of index read");
+}
+
 /// A file mapped by 4-byte extent records (48-bit layout), each a hole: a record's
 /// physical start is the sum of the lengths before it, and walking the file forward
 /// must continue that sum, not restart it for every lcluster (which made a forward

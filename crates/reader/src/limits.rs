@@ -17,7 +17,7 @@
 //! | symlink target (`read_link`) | [`MAX_SYMLINK_LEN`] bytes | `BadInodeSize` |
 //! | symlink hops | none needed: the reader never follows symlinks (`lookup` and `walk` treat them as leaves) | — |
 //! | file size (`inode`) | [`MAX_FILE_SIZE`] | `BadInodeSize` |
-//! | index lookback (compressed files) | [`MAX_LOOKBACK_BYTES`] of lclusters back to an extent's head; back to a fragment tail's head (which the kernel does not bound): a few hops plus one per 2,048 lclusters walked | `BadLcluster` |
+//! | index lookback (compressed files) | [`MAX_LOOKBACK_BYTES`] of lclusters back to an extent's head; back to a fragment tail's head (which the kernel does not bound): a few hops plus one per 1,024 lclusters walked | `BadLcluster` |
 //! | index lookahead (end of an extent) | [`MAX_EXTENT_BYTES`] of lclusters (a fragment tail ends at the end of the file: no scan) | `BadLcluster` |
 //! | decompressed size per extent (pcluster) | [`MAX_EXTENT_BYTES`] | `BadLcluster` |
 //! | stored size per pcluster | [`MAX_PCLUSTER_BYTES`] | `BadPcluster` |

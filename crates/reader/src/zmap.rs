@@ -81,7 +81,7 @@ pub(crate) const MAX_LOOKBACK_BYTES: u64 = MAX_DSIZE;
 /// A fragment tail's lookback (see `find_head_from`): at most this many hops plus one
 /// per 2^TAIL_HOP_BITS lclusters walked.
 const MIN_TAIL_HOPS: u64 = 4;
-const TAIL_HOP_BITS: u32 = 11;
+const TAIL_HOP_BITS: u32 = 10;
 
 /// Bytes of inode metadata (map header, lcluster indexes, extent records) read at once.
 const META_WIN: u64 = 16 << 10;
@@ -458,9 +458,9 @@ impl<S: Source> Image<S> {
     /// kernel and erofs-utils bound no extent of that kind: mkfs.erofs's tails stay
     /// under about 8 MiB, ferofs's may be far longer (all of a highly compressible
     /// file after its first pclusters). Its lookback is bounded in hops instead:
-    /// writers point each NONHEAD as far back as its index field reaches (thousands of
-    /// lclusters), so a walk of `D` lclusters takes a few hops more than `D / 2048` at
-    /// most, and a crafted index of one-lcluster hops is refused early.
+    /// writers point each NONHEAD as far back as its index field reaches (up to 2047
+    /// lclusters, format doc §8), so a walk of `D` lclusters takes fewer than
+    /// `D / 1024` hops plus a few, and a crafted index of short hops is refused early.
     fn find_head_from(
         &self,
         m: &mut MetaWin,

@@ -768,7 +768,8 @@ fn huge_sparse_copies_dedupe_by_their_data_only() {
 }
 
 /// A highly compressible file longer than a few pclusters' input keeps its first
-/// pclusters and sends all the rest to the packed inode: a fragment tail longer than
+/// pcluster (12 MiB of input, the largest extent the kernel decodes) and sends all
+/// the rest to the packed inode: a fragment tail longer than
 /// the 12 MiB that bounds any decoded extent. The kernel and fsck.erofs read such a
 /// tail (it is never decoded as one extent); ferofs's reader once refused it
 /// ("lookback longer than the largest extent"). With dedupe, a second copy shares the
@@ -809,6 +810,8 @@ fn a_fragment_tail_longer_than_12_mib_reads_back() {
             tail["length"].as_u64().expect("length") > 12 << 20,
             "{name}: the tail is not longer than 12 MiB: {tail}"
         );
+        // The head takes as much input as the kernel lets one extent decode.
+        assert_eq!(st["extents"][0]["length"], 12 << 20, "{name}: {st}");
         ok(&[&"check", &img]);
         let out = common::run(&[&"cat", &img, &"/regs.h"]);
         assert!(

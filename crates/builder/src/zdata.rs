@@ -306,10 +306,10 @@ const FAST_TRY_ROOM_QUARTERS: usize = 5;
 const FAST_TRY_ROOM_QUARTERS_LZMA: usize = 8;
 
 /// Most input one extent may take: the kernel's limit on a decoded extent
-/// (Z_EROFS_PCLUSTER_MAX_DSIZE, checked since Linux 6.15; earlier kernels check
-/// none). Only data that compresses better than 12:1 into a pcluster reaches it.
-/// mkfs.erofs stops at 8,000 KiB; 8 MiB here made the linux tree's packed LZMA image
-/// 0.45 % larger (AMD register headers compress 100:1), for the same build time.
+/// (Z_EROFS_PCLUSTER_MAX_DSIZE, checked since kernel commit 7c3ca1838a78 of February
+/// 2025; earlier kernels check none). Only data that compresses better than 12:1 into
+/// a pcluster reaches it. mkfs.erofs stops at 8,000 KiB; 8 MiB here made the linux
+/// tree's packed LZMA image 0.45 % larger (AMD register headers compress 100:1).
 const MAX_EXTENT_INPUT: usize = ferofs_format::PCLUSTER_MAX_DSIZE as usize;
 /// Segment size: a file compresses in independent pieces of this many bytes.
 fn segment_size(pcluster: u32) -> u64 {

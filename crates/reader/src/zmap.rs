@@ -61,6 +61,14 @@ pub(crate) struct ZInfo {
     extent_count: u64,
 }
 
+impl ZInfo {
+    /// The head lcluster of the file's last extent when that extent is a fragment tail
+    /// (read from the packed inode, so not bounded by MAX_DSIZE).
+    fn fragment_tail_head(&self) -> Option<u64> {
+        self.fragment_off.and(self.tail_head)
+    }
+}
+
 /// One decoded lcluster entry.
 #[derive(Debug, Clone, Copy)]
 struct Lc {
@@ -449,7 +457,7 @@ impl<S: Source> Image<S> {
     fn find_head(&self, m: &mut MetaWin, ino: &Inode, zi: &ZInfo, x: u64) -> Result<(u64, Lc)> {
         // At or after the head of a fragment tail, the extent may be longer than
         // MAX_DSIZE (see `find_head_from`).
-        let tail = zi.fragment_off.is_some() && zi.tail_head.is_some_and(|t| x >> zi.lbits >= t);
+        let tail = zi.fragment_tail_head().is_some_and(|t| x >> zi.lbits >= t);
         self.find_head_from(m, ino, zi, x, tail)
     }
 
@@ -557,7 +565,7 @@ impl<S: Source> Image<S> {
         let la = (head << zi.lbits) + u64::from(lc.clusterofs);
         // Extent end: the next head (its clusterofs) or the end of the file. A fragment
         // tail runs to the end of the file (and may be longer than MAX_DSIZE).
-        let frag_tail = zi.fragment_off.is_some() && Some(head) == zi.tail_head;
+        let frag_tail = zi.fragment_tail_head() == Some(head);
         let mut end = ino.size;
         let mut k = if frag_tail { zi.nlclusters } else { head + 1 };
         // Bounded by the file and by the largest extent: lcluster k belongs to this

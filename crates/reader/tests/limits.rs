@@ -97,16 +97,18 @@ impl ferofs_reader::Source for Counting {
     }
 }
 
-/// A compressed file (4 KiB lclusters) of 2^40 bytes whose indexes after the first are
-/// all NONHEAD with delta[0] = 1: reading at 16 MiB must not walk back 4096 lclusters
-/// to the head, nor forward through the whole index to the next one. Both stop at
-/// the largest extent (12 MiB): BadLcluster, after reading a few windows of index.
-#[test]
-fn index_lookback_and_lookahead_stop_at_the_largest_extent() {
-    let n = 40_000; // indexes present in the image (the rest lie beyond its end)
+impl Counting {
+    fn reads(&self) -> u64 {
+        self.1.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// An image whose file `/z` (`size` bytes, lz4, 4 KiB lclusters, map header advise
+/// `advise`) has `n` full indexes: lcluster 0 a HEAD1 at block 0x100, every later one
+/// a NONHEAD with delta[0] = 1, as read through a [`Counting`] source.
+fn one_lcluster_hops(n: usize, advise: u16, size: u64) -> std::sync::Arc<Counting> {
     let mut meta = vec![0u8; full_index_at(n)];
-    meta[0..8].copy_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0]); // lz4, 4 KiB lclusters
-                                                           // lcluster 0: HEAD1 at block 0x100; the rest NONHEAD, delta[0] = 1.
+    meta[4..6].copy_from_slice(&advise.to_le_bytes());
     let i0 = full_index_at(0);
     meta[i0..i0 + 8].copy_from_slice(&[1, 0, 0, 0, 0, 1, 0, 0]);
     for i in 1..n {
@@ -119,17 +121,22 @@ fn index_lookback_and_lookahead_stop_at_the_largest_extent() {
             (b"..".to_vec(), 0),
             (b"z".to_vec(), 1),
         ]),
-        Node::Compressed {
-            size: 1 << 40,
-            meta,
-        },
+        Node::Compressed { size, meta },
     ];
-    let bytes = image(&nodes, 0);
-    let src = std::sync::Arc::new(Counting(bytes, 0.into()));
-    let reads = || src.1.load(std::sync::atomic::Ordering::Relaxed);
+    std::sync::Arc::new(Counting(image(&nodes, 0), 0.into()))
+}
+
+/// A compressed file (4 KiB lclusters) of 2^40 bytes whose indexes after the first are
+/// all NONHEAD with delta[0] = 1: reading at 16 MiB must not walk back 4096 lclusters
+/// to the head, nor forward through the whole index to the next one. Both stop at
+/// the largest extent (12 MiB): BadLcluster, after reading a few windows of index.
+#[test]
+fn index_lookback_and_lookahead_stop_at_the_largest_extent() {
+    // 40,000 indexes present in the image (the rest lie beyond its end).
+    let src = one_lcluster_hops(40_000, 0, 1 << 40);
     let img = Image::new(src.clone()).expect("open");
     let z = img.lookup(b"/z").expect("lookup");
-    let before = reads();
+    let before = src.reads();
     let mut buf = [0u8; 100];
     // 16 MiB in: the head is 4096 lclusters back.
     let e = img.read_at(&z, 16 << 20, &mut buf).expect_err("lookback");
@@ -137,7 +144,7 @@ fn index_lookback_and_lookahead_stop_at_the_largest_extent() {
     // 8 MiB in: the head (lcluster 0) is found, the end is never.
     let e = img.read_at(&z, 8 << 20, &mut buf).expect_err("lookahead");
     assert_eq!(e.corrupt_kind(), Some(CorruptKind::BadLcluster), "{e}");
-    let read = reads() - before;
+    let read = src.reads() - before;
     // 12 MiB of 4 KiB lclusters is 3072 indexes (24 KiB) each way.
     assert!(read < 256 << 10, "{read} bytes of index read");
 }
@@ -148,36 +155,17 @@ fn index_lookback_and_lookahead_stop_at_the_largest_extent() {
 /// walking the file's 40,000 indexes.
 #[test]
 fn fragment_tail_lookback_in_short_hops_is_refused() {
+    // Map header: fragment offset 0, advise FRAGMENT_PCLUSTER.
     let n = 40_000;
-    let mut meta = vec![0u8; full_index_at(n)];
-    // Map header: fragment offset 0, advise FRAGMENT_PCLUSTER, lz4, 4 KiB lclusters.
-    meta[4..6].copy_from_slice(&0x20u16.to_le_bytes());
-    let i0 = full_index_at(0);
-    meta[i0..i0 + 8].copy_from_slice(&[1, 0, 0, 0, 0, 1, 0, 0]);
-    for i in 1..n {
-        let o = full_index_at(i);
-        meta[o..o + 8].copy_from_slice(&[2, 0, 0, 0, 1, 0, 1, 0]);
-    }
-    let nodes = vec![
-        Node::Dir(vec![
-            (b".".to_vec(), 0),
-            (b"..".to_vec(), 0),
-            (b"z".to_vec(), 1),
-        ]),
-        Node::Compressed {
-            size: n as u64 * 4096,
-            meta,
-        },
-    ];
-    let src = std::sync::Arc::new(Counting(image(&nodes, 0), 0.into()));
+    let src = one_lcluster_hops(n, 0x20, n as u64 * 4096);
     let img = Image::new(src.clone()).expect("open");
     let z = img.lookup(b"/z").expect("lookup");
-    let before = src.1.load(std::sync::atomic::Ordering::Relaxed);
+    let before = src.reads();
     let mut buf = [0u8; 100];
     let e = img.read_at(&z, 0, &mut buf).expect_err("short hops");
     assert_eq!(e.corrupt_kind(), Some(CorruptKind::BadLcluster), "{e}");
     assert!(e.to_string().contains("short hops"), "{e}");
-    let read = src.1.load(std::sync::atomic::Ordering::Relaxed) - before;
+    let read = src.reads() - before;
     assert!(read < 64 << 10, "{read} bytes of index read");
 }
 

@@ -1,4 +1,4 @@
-//! Directory contents: entries ("." and ".." included) sorted bytewise, packed greedily
+//! Directory contents: entries (".." and, unless `-E dot-omitted`, "." included) sorted bytewise, packed greedily
 //! into blocks (an entry never spans blocks), names after the dirent array. Planned
 //! before the nids are known ([`plan`]), encoded once they are ([`DirPlan::encode`]).
 
@@ -17,16 +17,18 @@ pub struct DirPlan {
     pub size: u64,
 }
 
-/// The content of directory `id` of `tree` (None when `id` is not a directory).
-pub fn plan(tree: &Tree, id: InodeId, blksz: usize) -> Option<DirPlan> {
+/// The content of directory `id` of `tree` (None when `id` is not a directory);
+/// without a "." entry when `dot_omitted` (the inode then says DOT_OMITTED).
+pub fn plan(tree: &Tree, id: InodeId, blksz: usize, dot_omitted: bool) -> Option<DirPlan> {
     let Kind::Dir { entries, parent } = &tree.nodes[id].kind else {
         return None;
     };
     let parent = if id == tree.root { id } else { *parent };
-    let mut es: DirEntries = vec![
-        (b".".to_vec(), id, FT_DIR),
-        (b"..".to_vec(), parent, FT_DIR),
-    ];
+    let mut es: DirEntries = Vec::with_capacity(entries.len() + 2);
+    if !dot_omitted {
+        es.push((b".".to_vec(), id, FT_DIR));
+    }
+    es.push((b"..".to_vec(), parent, FT_DIR));
     for (name, c) in entries {
         es.push((name.clone(), *c, file_type_of_mode(tree.nodes[*c].mode)));
     }

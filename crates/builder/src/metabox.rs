@@ -212,6 +212,8 @@ pub fn build(
         metabox_nid: Some(metabox_pos / 32),
         inos: n as u64,
         build_time: plan.build_time,
+        epoch: plan.epoch,
+        layout48: plan.layout48,
         total_blocks: end_blk + blocks,
         meta_blkaddr: 0,
         xattr_blkaddr: shared_blk,

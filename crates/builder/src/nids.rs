@@ -192,7 +192,8 @@ pub fn assign(
     let (pos, blocks, blkaddr) = {
         let (p, m) =
             pack(&records, tree.root, first, base, Some(sb_slot), bs).map_err(bad_inline)?;
-        if p[tree.root] / 32 <= 0xFFFF {
+        // The 48-bit layout's superblock holds a 64-bit root nid.
+        if p[tree.root] / 32 <= 0xFFFF || plan.layout48 {
             (p, m, 0u64)
         } else {
             let (p, m) = pack(&records, tree.root, first, base, None, bs).map_err(bad_inline)?;
@@ -207,7 +208,7 @@ pub fn assign(
         bs,
         metabox: false,
     };
-    if meta.nid(tree.root) > 0xFFFF {
+    if meta.nid(tree.root) > 0xFFFF && !plan.layout48 {
         return Err(BuildError::TooLarge("root nid does not fit 16 bits".into()));
     }
     Ok(meta)

@@ -50,6 +50,14 @@ pub struct BuildOptions {
     /// `-m`: every inode's metadata (core, xattrs, inline data, index) in the data of a
     /// metabox inode, compressed like file data (Linux 6.17+; implies the 48-bit layout).
     pub metabox: bool,
+    /// `-E 48bit`: the 48-bit layout (Linux 6.15+), whose compact (32-byte) inodes carry
+    /// their own mtime as seconds from the superblock's epoch: every inode whose mtime
+    /// has no nanoseconds and whose owner and link count fit 16 bits is compact.
+    /// `-m` and `dot_omitted` imply it.
+    pub layout48: bool,
+    /// `-E dot-omitted`: directories store no "." entry (the kernel makes it up; Linux
+    /// 6.15+, implies the 48-bit layout).
+    pub dot_omitted: bool,
     /// `--sort FILE`: these files' data first, contiguous, in this order (paths
     /// relative to the source); their inodes, and those of the directories on their
     /// paths, first in the metadata, and those directories' blocks first among the
@@ -117,6 +125,8 @@ impl Default for BuildOptions {
             fragments: Fragments::Off,
             dedupe: false,
             metabox: false,
+            layout48: false,
+            dot_omitted: false,
             sort: Vec::new(),
             metabox_pcluster_size: 0,
             progress: None,
@@ -136,6 +146,12 @@ impl BuildOptions {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
         }
+    }
+
+    /// The image uses the 48-bit layout (`-E 48bit`, or implied by `-m` or
+    /// `-E dot-omitted`).
+    pub fn layout48(&self) -> bool {
+        self.layout48 || self.metabox || self.dot_omitted
     }
 
     /// The metabox inode's pcluster size, when it is compressed.

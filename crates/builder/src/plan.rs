@@ -18,6 +18,14 @@ pub struct Plan {
     /// Block size in bytes.
     pub bs: u64,
     pub build_time: i64,
+    /// The superblock's epoch: compact inodes store mtime as seconds from it. The build
+    /// time itself, except in the 48-bit layout, where it lies up to 2^32-1 s before
+    /// the build time (as mkfs.erofs sets it), so older files' inodes can be compact.
+    pub epoch: i64,
+    /// The 48-bit layout (`-E 48bit`, `-m`, `-E dot-omitted`).
+    pub layout48: bool,
+    /// Directories store no "." entry (`-E dot-omitted`).
+    pub dot_omitted: bool,
     pub xattrs: XattrPlan,
     /// Per inode: an extended (64-byte) core instead of a compact (32-byte) one.
     pub extended: Vec<bool>,
@@ -111,8 +119,29 @@ pub fn plan(tree: &Tree, build_time: i64, o: &BuildOptions) -> Result<Plan> {
     let bits = o.block_size.trailing_zeros() as u8;
     let bs = u64::from(o.block_size);
     let xattrs = xattrs::plan(tree);
-    // Inode versions: compact only when every value fits and the mtime equals the
-    // build time (compact inodes carry no mtime older kernels would show).
+    // Inode versions: compact only when every value fits and the mtime is the one a
+    // compact inode shows: the build time, or (48-bit layout, Linux 6.15+) any mtime of
+    // whole seconds from the epoch up to 2^32-1 s after it (the superblock's
+    // `fixed_nsec` is 0). Never a wrapped or rounded mtime, unlike mkfs.erofs 1.9.3.
+    let layout48 = o.layout48();
+    let epoch = if layout48 {
+        // Not after the build time (the superblock's build_time field is unsigned).
+        build_time
+            .saturating_sub(i64::from(u32::MAX))
+            .max(0)
+            .min(build_time)
+    } else {
+        build_time
+    };
+    let mtime_fits = |mtime: i64| {
+        if layout48 {
+            mtime
+                .checked_sub(epoch)
+                .is_some_and(|d| (0..=i64::from(u32::MAX)).contains(&d))
+        } else {
+            mtime == build_time
+        }
+    };
     let extended: Vec<bool> = tree
         .nodes
         .iter()
@@ -125,7 +154,7 @@ pub fn plan(tree: &Tree, build_time: i64, o: &BuildOptions) -> Result<Plan> {
                 || nd.uid > 0xFFFF
                 || nd.gid > 0xFFFF
                 || nd.nlink > 0xFFFF
-                || nd.mtime != build_time
+                || !mtime_fits(nd.mtime)
                 || nd.mtime_nsec != 0
         })
         .collect();
@@ -144,7 +173,7 @@ pub fn plan(tree: &Tree, build_time: i64, o: &BuildOptions) -> Result<Plan> {
         }
     }
     let dirs: Vec<Option<DirPlan>> = (0..tree.nodes.len())
-        .map(|id| dir::plan(tree, id, bs as usize))
+        .map(|id| dir::plan(tree, id, bs as usize, o.dot_omitted))
         .collect();
     let sizes: Vec<u64> = tree
         .nodes
@@ -162,6 +191,9 @@ pub fn plan(tree: &Tree, build_time: i64, o: &BuildOptions) -> Result<Plan> {
         bits,
         bs,
         build_time,
+        epoch,
+        layout48,
+        dot_omitted: o.dot_omitted,
         xattrs,
         extended,
         sizes,
@@ -265,6 +297,81 @@ mod tests {
             ..o
         };
         assert!(!plan(&t, build_time, &no_inline)?.inline_tail(1, 5000));
+        Ok(())
+    }
+
+    #[test]
+    fn layout48_compact_inodes_keep_their_mtimes() -> Result<()> {
+        let o = BuildOptions {
+            layout48: true,
+            ..BuildOptions::default()
+        };
+        // The file is 50 s older than the build time: compact, 50 s after epoch 0.
+        let mut t = tree();
+        let build_time = apply_time_policy(&mut t, &o);
+        let p = plan(&t, build_time, &o)?;
+        assert_eq!((p.epoch, p.layout48), (0, true));
+        assert_eq!(p.extended, [false; 4]);
+        // Nanoseconds, or an mtime before the epoch, need an extended inode.
+        t.nodes[1].mtime_nsec = 1;
+        t.nodes[2].mtime = -1;
+        assert_eq!(
+            plan(&t, build_time, &o)?.extended,
+            [false, true, true, false]
+        );
+        // A build time past 2^32-1 s moves the epoch up to keep it within reach; an
+        // mtime 2^32 s before the build time is out of reach.
+        let late = i64::from(u32::MAX) + 1000;
+        let mut t = tree();
+        t.nodes[0].mtime = late;
+        t.nodes[1].mtime = late - i64::from(u32::MAX);
+        t.nodes[2].mtime = late - i64::from(u32::MAX) - 1;
+        t.nodes[3].mtime = late;
+        let p = {
+            let bt = apply_time_policy(&mut t, &o);
+            plan(&t, bt, &o)?
+        };
+        assert_eq!(p.epoch, 1000);
+        assert_eq!(p.extended, [false, false, true, false]);
+        // A build time before 1970: the epoch is the build time itself.
+        let mut t = tree();
+        for n in &mut t.nodes {
+            n.mtime = -100;
+        }
+        let p = {
+            let bt = apply_time_policy(&mut t, &o);
+            plan(&t, bt, &o)?
+        };
+        assert_eq!(p.epoch, -100);
+        assert_eq!(p.extended, [false; 4]);
+        // Without the 48-bit layout the epoch is the build time (the old rule).
+        let mut t = tree();
+        let d = BuildOptions::default();
+        let bt = apply_time_policy(&mut t, &d);
+        let p = plan(&t, bt, &d)?;
+        assert_eq!((p.epoch, p.layout48), (100, false));
+        Ok(())
+    }
+
+    #[test]
+    fn dot_omitted_directories_have_no_dot() -> Result<()> {
+        let o = BuildOptions {
+            dot_omitted: true,
+            ..BuildOptions::default()
+        };
+        let mut t = tree();
+        let p = {
+            let bt = apply_time_policy(&mut t, &o);
+            plan(&t, bt, &o)?
+        };
+        assert!(p.layout48 && p.dot_omitted);
+        // "..", "f", "long", "s": 4 dirents and 2+1+4+1 name bytes.
+        assert_eq!(p.sizes[0], 56);
+        let names: Vec<&[u8]> = p.dirs[0]
+            .as_ref()
+            .map(|d| d.entries.iter().map(|e| e.0.as_slice()).collect())
+            .unwrap_or_default();
+        assert_eq!(names, [&b".."[..], b"f", b"long", b"s"]);
         Ok(())
     }
 

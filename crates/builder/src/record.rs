@@ -46,12 +46,21 @@ pub fn encode(
     let area = &plan.xattrs.ibody[id];
     let size = plan.sizes[id];
     let core = InodeCore {
-        format: make_format(ext, data_layout, false),
+        format: make_format(
+            ext,
+            data_layout,
+            plan.dot_omitted && matches!(nd.kind, Kind::Dir { .. }),
+        ),
         xattr_icount: xattr_icount_for(area.len()).unwrap_or(0),
         mode: nd.mode,
         nb: if ext { 0 } else { nd.nlink as u16 },
         size,
-        mtime: if ext { nd.mtime } else { 0 },
+        // Compact: seconds from the epoch (the plan made it compact only if they fit).
+        mtime: if ext {
+            nd.mtime
+        } else {
+            nd.mtime.wrapping_sub(plan.epoch)
+        },
         mtime_nsec: if ext { nd.mtime_nsec } else { 0 },
         u: u32v,
         ino: (id + 1) as u32,

@@ -113,6 +113,10 @@ pub struct SbFields {
     pub metabox_nid: Option<u64>,
     pub inos: u64,
     pub build_time: i64,
+    /// Compact inodes' mtime base (the build time, except in the 48-bit layout).
+    pub epoch: i64,
+    /// The 48-bit layout (`-E 48bit`; a metabox implies it).
+    pub layout48: bool,
     pub total_blocks: u64,
     pub meta_blkaddr: u64,
     pub xattr_blkaddr: u64,
@@ -153,12 +157,18 @@ pub fn superblock(f: &SbFields, cfg: &ComprCfg, label: Option<&str>) -> Result<S
         feature_incompat |= INCOMPAT_DEDUPE;
     }
     // Without the 48-bit layout the root nid is the 16-bit field; with it, a non-zero
-    // `rootnid_8b` is the root and the 16-bit field holds blocks_hi (0 here).
+    // `rootnid_8b` is the root and the 16-bit field holds blocks_hi (0 here). Like
+    // mkfs.erofs, the 64-bit field only when the root needs it.
+    let layout48 = f.layout48 || f.metabox_nid.is_some();
+    if layout48 {
+        feature_incompat |= INCOMPAT_48BIT;
+    }
     let (rootnid_2b, rootnid_8b, sb_extslots, metabox_nid) = match f.metabox_nid {
         Some(m) => {
-            feature_incompat |= INCOMPAT_48BIT | INCOMPAT_METABOX;
+            feature_incompat |= INCOMPAT_METABOX;
             (0, f.root_nid, 1, m)
         }
+        None if layout48 && f.root_nid > u64::from(u16::MAX) => (0, f.root_nid, 0, 0),
         None => (
             u16::try_from(f.root_nid)
                 .map_err(|_| BuildError::TooLarge("root nid does not fit 16 bits".into()))?,
@@ -200,7 +210,13 @@ pub fn superblock(f: &SbFields, cfg: &ComprCfg, label: Option<&str>) -> Result<S
         rootnid_8b,
         metabox_nid,
         inos: f.inos,
-        epoch: f.build_time as u64,
+        // Signed when read; build time = epoch + build_time.
+        epoch: f.epoch as u64,
+        build_time: f
+            .build_time
+            .checked_sub(f.epoch)
+            .and_then(|d| u32::try_from(d).ok())
+            .ok_or_else(|| BuildError::Options("internal: epoch after the build time".into()))?,
         blocks_lo: u32::try_from(f.total_blocks)
             .map_err(|_| BuildError::TooLarge("more than 2^32 blocks".into()))?,
         meta_blkaddr: u32::try_from(f.meta_blkaddr)
@@ -288,6 +304,8 @@ mod tests {
             metabox_nid,
             inos: 3,
             build_time: 1_700_000_000,
+            epoch: 1_700_000_000,
+            layout48: false,
             total_blocks: 9,
             meta_blkaddr: 0,
             xattr_blkaddr: 8,

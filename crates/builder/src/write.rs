@@ -65,6 +65,8 @@ pub fn write_image(
         metabox_nid: None,
         inos: tree.nodes.len() as u64,
         build_time: plan.build_time,
+        epoch: plan.epoch,
+        layout48: plan.layout48,
         total_blocks: blobs.end_blk,
         meta_blkaddr: meta.blkaddr,
         xattr_blkaddr: shared_blk,

@@ -96,8 +96,10 @@ pub struct BuildArgs {
     /// `ztailpacking` (compressed tails inline behind the inode), `fragments[=BYTES]`
     /// (compressed tails and small files packed together in the packed inode; BYTES: its
     /// pcluster size), `all-fragments[=BYTES]` (every file in the packed inode), `dedupe`
-    /// (identical data stored once), `noinline_data` (= `^inline_data`), and the preset
-    /// `smallest` (= `ztailpacking,fragments,dedupe`: the smallest image Linux 6.1+ mounts).
+    /// (identical data stored once), `48bit` (the 48-bit layout, Linux 6.15+: compact
+    /// 32-byte inodes keep per-file mtimes), `dot-omitted` (no "." directory entries;
+    /// implies 48bit), `noinline_data` (= `^inline_data`), and the preset `smallest`
+    /// (= `ztailpacking,fragments,dedupe`: the smallest image Linux 6.1+ mounts).
     #[arg(short = 'E', value_name = "OPTS")]
     extended: Vec<String>,
     /// Metadata compression (Linux 6.17+): every inode, with its xattrs, inline tail and
@@ -293,6 +295,8 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
     o.inline_data = ext.inline_data;
     o.dedupe = ext.dedupe;
     o.fragments = ext.fragments;
+    o.layout48 = ext.layout48;
+    o.dot_omitted = ext.dot_omitted;
     if let Some(s) = &a.sort {
         o.sort = read_sort_list(s)?;
     }
@@ -481,6 +485,8 @@ pub struct Extended {
     pub ztailpacking: bool,
     pub fragments: Fragments,
     pub dedupe: bool,
+    pub layout48: bool,
+    pub dot_omitted: bool,
 }
 
 /// Parse every `-E` argument in order: comma-separated options, `^` (or `no` for
@@ -491,6 +497,8 @@ pub fn parse_extended(args: &[String]) -> Result<Extended> {
         ztailpacking: false,
         fragments: Fragments::Off,
         dedupe: false,
+        layout48: false,
+        dot_omitted: false,
     };
     for opt in args.iter().flat_map(|a| a.split(',')) {
         let (neg, body) = match opt.strip_prefix('^') {
@@ -523,6 +531,8 @@ pub fn parse_extended(args: &[String]) -> Result<Extended> {
             "noinline_data" if !neg => e.inline_data = false,
             "ztailpacking" => e.ztailpacking = !neg,
             "dedupe" => e.dedupe = !neg,
+            "48bit" => e.layout48 = !neg,
+            "dot-omitted" => e.dot_omitted = !neg,
             "fragments" if neg => {
                 if matches!(e.fragments, Fragments::Tails { .. }) {
                     e.fragments = Fragments::Off;
@@ -552,7 +562,8 @@ pub fn parse_extended(args: &[String]) -> Result<Extended> {
             }
             _ => bail!(
                 "-E: unknown extended option {opt:?} (known: ztailpacking, fragments[=BYTES], \
-                 all-fragments[=BYTES], dedupe, inline_data, noinline_data, smallest; ^ negates)"
+                 all-fragments[=BYTES], dedupe, 48bit, dot-omitted, inline_data, noinline_data, \
+                 smallest; ^ negates)"
             ),
         }
     }
@@ -584,6 +595,10 @@ mod tests {
         assert_eq!(e.fragments, Fragments::Off);
         assert!(!e.inline_data);
         assert!(!p(&["^inline_data"])?.inline_data);
+        let e = p(&["48bit,dot-omitted", "^dot-omitted"])?;
+        assert!(e.layout48 && !e.dot_omitted);
+        let e = p(&["dot-omitted,smallest"])?;
+        assert!(!e.layout48 && e.dot_omitted);
         for bad in [
             "fragments=0",
             "fragments=x",
@@ -591,6 +606,7 @@ mod tests {
             "^fragments=4096",
             "frags",
             "^smallest",
+            "48bit=1",
         ] {
             assert!(p(&[bad]).is_err(), "{bad} accepted");
         }

@@ -49,6 +49,10 @@ pub fn ls(image: &Path, path: &str, json_out: bool, all: bool) -> Result<()> {
     let ino = lookup(&img, path)?;
     let entries: Vec<(Vec<u8>, Inode)> = if ino.is_dir() {
         let mut v = Vec::new();
+        // A DOT_OMITTED directory stores no "."; show it as the kernel does.
+        if all && ino.dot_omitted {
+            v.push((b".".to_vec(), ino.clone()));
+        }
         for d in img.read_dir(&ino)? {
             if !all && (d.name == b"." || d.name == b"..") {
                 continue;

@@ -1,0 +1,206 @@
+//! `-E 48bit` and `-E dot-omitted` (Linux 6.15+) through the kernel: compact 32-byte
+//! inodes carry every mtime that has no nanoseconds and lies within 2^32-1 s of the
+//! epoch, so only the inodes that need more are extended; mtimes are never wrapped or
+//! rounded (mkfs.erofs 1.9.3 does both, MANIFEST note E2). The kernel mount equals the
+//! tree, `ferofs check` and `extract` pass, and an fsck.erofs that knows the 48-bit
+//! layout (1.9+) passes.
+
+mod common;
+use common::*;
+use ferofs_testkit::*;
+use std::collections::HashSet;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+/// Superblock fields: (feature_incompat, epoch, build_time, rootnid_2b, rootnid_8b).
+fn sb_fields(img: &Path) -> (u32, i64, u32, u16, u64) {
+    let mut b = [0u8; 1024 + 128];
+    std::fs::File::open(img)
+        .and_then(|mut f| f.read_exact(&mut b))
+        .expect("read superblock");
+    let sb = &b[1024..];
+    let u32_at = |o: usize| u32::from_le_bytes(sb[o..o + 4].try_into().expect("4"));
+    let u64_at = |o: usize| u64::from_le_bytes(sb[o..o + 8].try_into().expect("8"));
+    (
+        u32_at(0x50),
+        u64_at(0x18) as i64,
+        u32_at(0x6C),
+        u16::from_le_bytes([sb[0x0E], sb[0x0F]]),
+        u64_at(0x70),
+    )
+}
+
+/// Inodes of `tree` (the root included, each hardlinked inode once) that a compact
+/// inode cannot hold in the 48-bit layout with epoch `epoch`: an mtime with
+/// nanoseconds or out of reach, owner or link count over 16 bits, size over 32 bits.
+fn needs_extended(tree: &Path, epoch: i64) -> usize {
+    let mut seen = HashSet::new();
+    let mut n = 0;
+    let mut stack = vec![tree.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let md = std::fs::symlink_metadata(&p).expect("lstat");
+        if md.is_dir() {
+            for e in std::fs::read_dir(&p).expect("readdir") {
+                stack.push(e.expect("entry").path());
+            }
+        }
+        if !seen.insert(md.ino()) {
+            continue;
+        }
+        let reach = md.mtime() - epoch;
+        if md.mtime_nsec() != 0
+            || !(0..=i64::from(u32::MAX)).contains(&reach)
+            || md.uid() > 0xFFFF
+            || md.gid() > 0xFFFF
+            || md.nlink() > 0xFFFF
+            || md.size() > u64::from(u32::MAX)
+        {
+            n += 1;
+        }
+    }
+    n
+}
+
+#[test]
+fn layout48_compact_inodes_keep_every_mtime() {
+    if !kernel_available("layout48") {
+        return;
+    }
+    let (fs, tree) = make_tree();
+    // (options, -E with the 48-bit layout, -E without it, -m)
+    for (common, new, old_e, metabox) in [
+        (&["-z", "none"][..], "48bit", "", false),
+        (
+            &["-z", "lz4hc", "-C", "65536"][..],
+            "smallest,48bit",
+            "smallest",
+            false,
+        ),
+        (
+            &["-z", "zstd"][..],
+            "dot-omitted,fragments",
+            "fragments",
+            false,
+        ),
+        (
+            &["-z", "lzma", "-C", "1048576"][..],
+            "all-fragments,dedupe",
+            "all-fragments,dedupe",
+            true,
+        ),
+    ] {
+        let what = format!("{common:?} -E {new} -m {metabox}");
+        let img = fs.path().join("48.erofs");
+        let old = fs.path().join("old.erofs");
+        let mut args = common.to_vec();
+        args.extend(["-E", new]);
+        if metabox {
+            args.push("-m");
+        }
+        build(&tree, &img, &args);
+        // The same build without the 48-bit layout (and without -m).
+        let mut base = common.to_vec();
+        if !old_e.is_empty() {
+            base.extend(["-E", old_e]);
+        }
+        build(&tree, &old, &base);
+
+        let (incompat, epoch, build_time, root2, root8) = sb_fields(&img);
+        assert_eq!(incompat & 0x80, 0x80, "{what}: 48bit flag, {incompat:#x}");
+        // The tree's newest mtime is 2^32-1 (times/u32-max): epoch 0, as mkfs.erofs.
+        assert_eq!((epoch, build_time), (0, u32::MAX), "{what}");
+        if metabox {
+            assert_eq!((root2, root8 >> 63), (0, 1), "{what}: root in the metabox");
+        } else {
+            assert!(
+                root2 != 0 && root8 == 0,
+                "{what}: 16-bit root nid {root2}/{root8}"
+            );
+        }
+        let (old_incompat, old_epoch, _, _, _) = sb_fields(&old);
+        assert_eq!(old_incompat & 0x80, 0, "{what}: no 48bit flag without it");
+        assert_eq!(old_epoch, i64::from(u32::MAX), "{what}: epoch = build time");
+
+        let info = json(&ok(&[&"inspect", &"--json", &img]));
+        let ext = info["counts"]["extended_inodes"].as_u64().expect("count");
+        assert_eq!(ext as usize, needs_extended(&tree, 0), "{what}");
+        let old_info = json(&ok(&[&"inspect", &"--json", &old]));
+        let old_ext = old_info["counts"]["extended_inodes"]
+            .as_u64()
+            .expect("count");
+        assert!(
+            old_ext > 20 * ext,
+            "{what}: {old_ext} extended inodes before, {ext}"
+        );
+        let (new_len, old_len) = (
+            std::fs::metadata(&img).expect("stat").len(),
+            std::fs::metadata(&old).expect("stat").len(),
+        );
+        assert!(
+            new_len < old_len,
+            "{what}: {new_len} bytes against {old_len}"
+        );
+
+        {
+            let m = Mount::erofs(&img);
+            assert_same_tree(&tree, m.path());
+        }
+        fsck_metabox(&img, &what);
+        ok(&[&"check", &img]);
+        let x = fs.path().join("x");
+        ok(&[&"extract", &img, &x]);
+        assert_same_tree(&tree, &x);
+        std::fs::remove_dir_all(&x).expect("rm");
+    }
+}
+
+/// `-E dot-omitted`: no "." dirent in any directory (an empty directory holds only
+/// "..": 14 bytes), the kernel still lists "." with the directory's own inode number.
+#[test]
+fn dot_omitted_directories_list_dot_through_the_kernel() {
+    if !kernel_available("dot_omitted") {
+        return;
+    }
+    let fs = tempfile::tempdir().expect("tempdir");
+    let tree = fs.path().join("tree");
+    std::fs::create_dir_all(tree.join("a/empty")).expect("mkdir");
+    std::fs::write(tree.join("a/f"), b"x").expect("write");
+    for (opt, empty_size) in [("dot-omitted", 14u64), ("48bit", 27)] {
+        let img = fs.path().join(format!("{opt}.erofs"));
+        build(&tree, &img, &["-E", opt]);
+        let st = json(&ok(&[&"stat", &"--json", &img, &"/a/empty"]));
+        assert_eq!(st["size"].as_u64(), Some(empty_size), "{opt}: {st}");
+        let ls = json(&ok(&[&"ls", &"--json", &"-a", &img, &"/a"]));
+        let names: Vec<&str> = ls
+            .as_array()
+            .expect("array")
+            .iter()
+            .filter_map(|e| e["name"].as_str())
+            .collect();
+        assert_eq!(names, [".", "..", "empty", "f"], "{opt}");
+        let m = Mount::erofs(&img);
+        let a = m.path().join("a");
+        let mut seen: Vec<String> = std::fs::read_dir(&a)
+            .expect("readdir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        seen.sort();
+        assert_eq!(seen, ["empty", "f"], "{opt}");
+        // "." itself, through getdents (read_dir hides it): `ls -ai` shows it with
+        // the directory's inode number.
+        let out = std::process::Command::new("ls")
+            .arg("-ai")
+            .arg(&a)
+            .output()
+            .expect("ls");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let ino = std::fs::metadata(&a).expect("stat").ino();
+        assert!(
+            text.lines()
+                .any(|l| l.split_whitespace().collect::<Vec<_>>() == [&ino.to_string(), "."]),
+            "{opt}: {text}"
+        );
+        assert_same_tree(&tree, m.path());
+    }
+}

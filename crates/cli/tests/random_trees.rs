@@ -96,7 +96,11 @@ fn set_time(p: &Path, r: &mut Rng) {
     };
     let t = Timespec {
         tv_sec: sec,
-        tv_nsec: r.below(1_000_000_000) as _,
+        // Whole seconds half of the time (compact inodes of the 48-bit layout).
+        tv_nsec: match r.below(2) {
+            0 => 0,
+            _ => r.below(1_000_000_000) as _,
+        },
     };
     rustix::fs::utimensat(
         CWD,
@@ -289,7 +293,8 @@ fn random_trees_every_compression_setting() {
 }
 
 /// `-m`: every algorithm at 4 KiB and 1 MiB pclusters, with and without ztailpacking,
-/// and uncompressed at 1 KiB blocks, each on its own seeded tree.
+/// and uncompressed at 1 KiB blocks, each on its own seeded tree; then `-E 48bit` and
+/// `-E dot-omitted` without a metabox.
 #[test]
 fn random_trees_metabox() {
     if !kernel_available("random_trees_metabox") {
@@ -309,6 +314,9 @@ fn random_trees_metabox() {
             }
         }
     }
+    cases.push(vec!["-b", "1024", "-z", "none", "-E", "48bit"]);
+    cases.push(vec!["-z", "lz4hc", "-E", "dot-omitted,ztailpacking"]);
+    cases.push(vec!["-z", "zstd", "-C", "1048576", "-E", "smallest,48bit"]);
     for args in cases {
         seed += 1;
         let bs = if args[0] == "-b" { 1024 } else { 4096 };
@@ -319,7 +327,11 @@ fn random_trees_metabox() {
         build(&src, &img, &args);
         let what = format!("seed {seed} {args:?}");
         let info = json(&ok(&[&"inspect", &"--json", &img]));
-        assert_eq!(info["root_nid"].as_u64(), Some(1 << 63), "{what}");
+        if args.contains(&"-m") {
+            assert_eq!(info["root_nid"].as_u64(), Some(1 << 63), "{what}");
+        }
+        let incompat = info["feature_incompat"].to_string();
+        assert!(incompat.contains("\"48bit\""), "{what}: {incompat}");
         {
             let m = Mount::erofs(&img);
             assert_same_tree(&src, m.path());

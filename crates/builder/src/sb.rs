@@ -319,6 +319,40 @@ mod tests {
     }
 
     #[test]
+    fn layout48_superblock() -> Result<()> {
+        let o = BuildOptions {
+            compression: Some(Compression::default()),
+            layout48: true,
+            ..BuildOptions::default()
+        };
+        let cfg = ComprCfg::new(&o, &[]);
+        let mut f = fields(36, None);
+        f.layout48 = true;
+        f.epoch = 0;
+        let sb = superblock(&f, &cfg, None)?;
+        // The 48-bit flag, no extension slot, the 16-bit root nid while it fits, and
+        // build time = epoch + build_time.
+        assert_eq!(sb.feature_incompat, INCOMPAT_ZERO_PADDING | INCOMPAT_48BIT);
+        assert_eq!((sb.sb_size(), sb.rootnid_2b, sb.rootnid_8b), (128, 36, 0));
+        assert_eq!((sb.epoch, sb.build_time), (0, 1_700_000_000));
+        assert_eq!(sb.root_nid_and_blocks(), (36, 9));
+        // A root nid past 16 bits goes to the 64-bit field (which only 48-bit images
+        // have: without the layout it is an error).
+        f.root_nid = 0x1_0000;
+        let sb = superblock(&f, &cfg, None)?;
+        assert_eq!((sb.rootnid_2b, sb.rootnid_8b), (0, 0x1_0000));
+        assert_eq!(sb.root_nid_and_blocks(), (0x1_0000, 9));
+        f.layout48 = false;
+        f.epoch = f.build_time;
+        assert!(superblock(&f, &cfg, None).is_err());
+        // An epoch after the build time cannot be written.
+        f.layout48 = true;
+        f.epoch = f.build_time + 1;
+        assert!(superblock(&f, &cfg, None).is_err());
+        Ok(())
+    }
+
+    #[test]
     fn metabox_superblock() -> Result<()> {
         let o = BuildOptions {
             compression: Some(Compression::default()),

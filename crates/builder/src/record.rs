@@ -7,6 +7,7 @@ use crate::options::*;
 use crate::plan::Plan;
 use crate::scan::{InodeId, Kind, Node};
 use ferofs_format::inode::*;
+use ferofs_format::zindex::HeadKind;
 use ferofs_format::{zindex, zmap};
 
 /// Encode the record of inode `id` (`nd`), data at `layout`, placed at absolute byte
@@ -32,7 +33,11 @@ pub fn encode(
             DataLayout::ChunkBased,
             u64::from(*chunk_rel) | u64::from(ferofs_format::chunk::CHUNK_FORMAT_INDEXES),
         ),
-        Layout::Compressed(z) if z.full_index => (DataLayout::CompressedFull, z.blocks),
+        Layout::Compressed(z)
+            if z.full_index || crate::nids::extent_recsz(plan, id, z).is_some() =>
+        {
+            (DataLayout::CompressedFull, z.blocks)
+        }
         Layout::Compressed(z) => (DataLayout::CompressedCompact, z.blocks),
         Layout::Fragment { .. } => (DataLayout::CompressedFull, 0),
     };
@@ -113,6 +118,10 @@ pub fn encode(
             rec.extend_from_slice(&(off | 1 << 63).to_le_bytes());
             rec.extend_from_slice(&[0u8; 8]);
         }
+        Layout::Compressed(z) if crate::nids::extent_recsz(plan, id, z).is_some() => {
+            let recsz = crate::nids::extent_recsz(plan, id, z).unwrap_or(16);
+            encode_extents(&mut rec, plan, nd, z, recsz)?;
+        }
         Layout::Compressed(z) => {
             rec.resize(rec.len().div_ceil(8) * 8, 0);
             // (For full indexes bit 0 would mean encoded extents.)
@@ -163,4 +172,72 @@ pub fn encode(
         }
     }
     Ok(rec)
+}
+
+/// Append the map header and encoded-extent records of `z` (format doc §8.11) to `rec`
+/// (core and xattrs so far): `recsz` 16 or 32 bytes a record, the extent count in the
+/// header, byte addresses and lengths, the algorithm in each record, the fragment
+/// tail's offset in the last record.
+fn encode_extents(
+    rec: &mut Vec<u8>,
+    plan: &Plan,
+    nd: &Node,
+    z: &crate::zdata::ZFile,
+    recsz: u64,
+) -> Result<()> {
+    let bad = |what: String| BuildError::Invalid {
+        path: String::from_utf8_lossy(&nd.rel).into_owned().into(),
+        what,
+    };
+    let count = z.extents.len() as u64;
+    let records_at = crate::nids::extent_records_at(rec.len() as u64, recsz) as usize;
+    rec.resize(rec.len().div_ceil(8) * 8, 0);
+    let mut advise = zmap::ADVISE_EXTENTS | ((recsz / 4).trailing_zeros() as u16) << 1;
+    if z.fragment.is_some() {
+        advise |= zmap::ADVISE_FRAGMENT_PCLUSTER;
+    }
+    // Bytes 6-7 are the count's high half (below 2^47: the whole-file fragment bit 63
+    // stays clear).
+    let h = zmap::MapHeader {
+        word0: count as u32,
+        advise,
+        algorithmtype: (count >> 32) as u8,
+        clusterbits: (count >> 40) as u8,
+    };
+    rec.extend_from_slice(&h.encode());
+    rec.resize(records_at, 0);
+    let last = z.extents.len() - 1;
+    for (k, e) in z.extents.iter().enumerate() {
+        let (w0, pstart) = match z.fragment {
+            // The fragment tail: its offset in the packed inode's data.
+            Some(off) if k == last => (off as u32, off >> 32),
+            _ => {
+                let len = u32::from(e.blocks) << plan.bits;
+                if len == 0 || len > 0x1F_FFFF {
+                    return Err(bad(format!(
+                        "extent at {}: pcluster of {len} bytes",
+                        e.lstart
+                    )));
+                }
+                let fmt = match e.kind {
+                    HeadKind::Plain => 0,
+                    HeadKind::Head1 => u32::from(z.alg_id & 15) + 1,
+                    HeadKind::Head2 => u32::from(z.alg_id >> 4) + 1,
+                };
+                (
+                    len | u32::from(e.partial) << 27 | fmt << 28,
+                    u64::from(e.blkaddr) << plan.bits,
+                )
+            }
+        };
+        if recsz < 32 && e.lstart > u64::from(u32::MAX) {
+            return Err(bad(format!("extent at {} in a 16-byte record", e.lstart)));
+        }
+        let mut r = [0u8; 32];
+        r[0..4].copy_from_slice(&w0.to_le_bytes());
+        r[4..12].copy_from_slice(&pstart.to_le_bytes());
+        r[12..20].copy_from_slice(&e.lstart.to_le_bytes());
+        rec.extend_from_slice(&r[..recsz as usize]);
+    }
+    Ok(())
 }

@@ -142,6 +142,9 @@ fn layout48_compact_inodes_keep_every_mtime() {
             "{what}: {new_len} bytes against {old_len}"
         );
 
+        if !metabox && common.contains(&"65536") {
+            assert_encoded_extents(&img, "/data/mixed-5MiB.bin", &what);
+        }
         {
             let m = Mount::erofs(&img);
             assert_same_tree(&tree, m.path());
@@ -152,6 +155,62 @@ fn layout48_compact_inodes_keep_every_mtime() {
         ok(&[&"extract", &img, &x]);
         assert_same_tree(&tree, &x);
         std::fs::remove_dir_all(&x).expect("rm");
+    }
+}
+
+/// The compressed file `path` of `img` (no xattrs, nids from byte 0) is mapped by
+/// 16-byte encoded-extent records: the map header says so and holds their count, and
+/// every record is the extent `ferofs stat` reports (byte address, pcluster length,
+/// algorithm lz4 = format 1, logical start).
+fn assert_encoded_extents(img: &Path, path: &str, what: &str) {
+    let st = json(&ok(&[&"stat", &"--json", &img, &path]));
+    assert_eq!(
+        st["layout"].as_str(),
+        Some("compressed-full"),
+        "{what}: {st}"
+    );
+    assert_eq!(st["inode_format"].as_str(), Some("compact"), "{what}");
+    let extents = st["extents"].as_array().expect("extents");
+    assert!(extents.len() > 10, "{what}: {} extents", extents.len());
+    let bytes = std::fs::read(img).expect("read image");
+    let nid = st["nid"].as_u64().expect("nid") as usize;
+    // Compact inode (32 bytes), map header at 32, records at 48.
+    let h = &bytes[nid * 32 + 32..nid * 32 + 40];
+    let count = u32::from_le_bytes(h[0..4].try_into().expect("4"));
+    assert_eq!(count as usize, extents.len(), "{what}: extent count");
+    // EXTENTS with 16-byte records, FRAGMENT_PCLUSTER when the tail is a fragment.
+    let advise = u16::from_le_bytes([h[4], h[5]]);
+    let tail = extents.last().and_then(|e| e["kind"].as_str()) == Some("plain fragment");
+    let want = if tail { 0x0025 } else { 0x0005 };
+    assert_eq!(advise, want, "{what}: advise");
+    assert_eq!((h[6], h[7]), (0, 0), "{what}: count high half");
+    for (k, e) in extents.iter().enumerate() {
+        let r = &bytes[nid * 32 + 48 + 16 * k..nid * 32 + 64 + 16 * k];
+        let w = |o: usize| u32::from_le_bytes(r[o..o + 4].try_into().expect("4"));
+        if tail && k + 1 == extents.len() {
+            // The fragment's offset in the packed inode (below 4 GiB here), then the
+            // logical start.
+            assert_eq!(w(8), 0, "{what}: fragment record");
+            assert_eq!(
+                Some(u64::from(w(12))),
+                e["logical"].as_u64(),
+                "{what}: tail"
+            );
+            continue;
+        }
+        assert_eq!(e["kind"].as_str(), Some("lz4"), "{what}: {e}");
+        assert_eq!(w(0), 65536 | 1 << 28, "{what}: record {k} plen");
+        let pstart = u64::from(w(4)) | u64::from(w(8)) << 32;
+        assert_eq!(
+            Some(pstart),
+            e["physical"].as_u64(),
+            "{what}: record {k} pstart"
+        );
+        assert_eq!(
+            Some(u64::from(w(12))),
+            e["logical"].as_u64(),
+            "{what}: record {k} lstart"
+        );
     }
 }
 

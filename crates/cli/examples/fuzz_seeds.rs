@@ -117,6 +117,14 @@ fn main() -> Res<()> {
             "lz4-b4096",
             opts(4096, Some("lz4"), 4096, false, false, false)?,
         ),
+        // The 48-bit layout: compact inodes with mtimes, no "." dirents, encoded
+        // extents (16 lclusters a pcluster: records are shorter than the index).
+        ("lz4hc-b512-C8k-48bit", {
+            let mut o = opts(512, Some("lz4hc"), 8192, false, true, false)?;
+            o.layout48 = true;
+            o.dot_omitted = true;
+            o
+        }),
     ];
     let mut n = [0usize; 5];
     for (name, o) in layouts {

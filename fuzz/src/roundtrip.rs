@@ -14,6 +14,7 @@
 //!   alg2 pcluster), 16 metabox, 32 no inline data, 64 a second algorithm (alg2 % 5 + 1,
 //!   pcluster 4 KiB << (alg2 / 16 % 5)) for names ending in a digit 0-4 (a hint),
 //!   128 block size 512 << (bsize % 4) (else 4096)
+//!   bsize: also 16 the 48-bit layout, 32 no "." entries (dot-omitted)
 //! root    meta
 //! entry*  op parent name (meta kind-data | target)     (until the input ends; at most 48)
 //!   op % 8: 0 directory, 1 2 7 regular file, 3 symlink, 4 hardlink, 5 device, 6 fifo
@@ -305,6 +306,8 @@ fn spec_options(r: &mut In) -> BuildOptions {
         dedupe: flags & 2 != 0,
         metabox: flags & 16 != 0,
         inline_data: flags & 32 == 0,
+        layout48: bsize & 16 != 0,
+        dot_omitted: bsize & 32 != 0,
         threads: 1,
         ..Default::default()
     }

@@ -263,3 +263,83 @@ fn dot_omitted_directories_list_dot_through_the_kernel() {
         assert_same_tree(&tree, m.path());
     }
 }
+
+/// Shifted dedupe under the 48-bit layout: a file that repeats another from an offset
+/// shares its pclusters through encoded-extent records, the one where the copy ends a
+/// partial reference (bit 27 of `plen`), and the kernel reads both files back.
+#[test]
+fn shifted_dedupe_writes_partial_extent_records() {
+    if !kernel_available("layout48_partial") {
+        return;
+    }
+    let fs = tempfile::tempdir().expect("tempdir");
+    let tree = fs.path().join("tree");
+    std::fs::create_dir(&tree).expect("mkdir");
+    // 2 MB of text: words of a 3,000-word vocabulary picked by xorshift (lz4 about
+    // 2:1, so pclusters hold 100-130 KB and records beat the index).
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let words: Vec<Vec<u8>> = (0..3000)
+        .map(|_| {
+            let len = 2 + (next() % 8) as usize;
+            (0..len).map(|_| b'a' + (next() % 16) as u8).collect()
+        })
+        .collect();
+    let mut a = Vec::with_capacity(2_000_100);
+    while a.len() < 2_000_000 {
+        a.extend_from_slice(&words[(next() % 3000) as usize]);
+        a.push(b' ');
+    }
+    std::fs::write(tree.join("a"), &a).expect("write");
+    std::fs::write(tree.join("c"), &a[300_000..1_200_000]).expect("write");
+    let img = fs.path().join("d.erofs");
+    build(
+        &tree,
+        &img,
+        &["-z", "lz4", "-C", "65536", "-E", "dedupe,48bit"],
+    );
+    let bytes = std::fs::read(&img).expect("read image");
+    let st = json(&ok(&[&"stat", &"--json", &img, &"/c"]));
+    let nid = st["nid"].as_u64().expect("nid") as usize;
+    // The file's mtime has nanoseconds: an extended inode (64 bytes), the map header
+    // behind it, the records 16-byte aligned behind that.
+    assert_eq!(st["inode_format"].as_str(), Some("extended"), "{st}");
+    let h = &bytes[nid * 32 + 64..nid * 32 + 72];
+    assert_eq!(
+        u16::from_le_bytes([h[4], h[5]]),
+        0x0005,
+        "advise: EXTENTS, 16 bytes"
+    );
+    let count = u32::from_le_bytes(h[0..4].try_into().expect("4")) as usize;
+    let plen = |k: usize| {
+        let o = nid * 32 + 80 + 16 * k;
+        u32::from_le_bytes(bytes[o..o + 4].try_into().expect("4"))
+    };
+    let partial: Vec<usize> = (0..count).filter(|&k| plen(k) >> 27 & 1 != 0).collect();
+    // One: the shared extent in which c's copy of a ends.
+    assert!(
+        partial.len() == 1 && partial[0] > 0,
+        "partial references {partial:?} among {count} records"
+    );
+    // Shared with `a`: some of c's pclusters are a's.
+    let a_st = json(&ok(&[&"stat", &"--json", &img, &"/a"]));
+    let phys = |s: &serde_json::Value| -> HashSet<u64> {
+        s["extents"]
+            .as_array()
+            .expect("extents")
+            .iter()
+            .filter_map(|e| e["physical"].as_u64())
+            .collect()
+    };
+    assert!(phys(&st).intersection(&phys(&a_st)).count() >= 5, "{st}");
+    let m = Mount::erofs(&img);
+    assert_same_tree(&tree, m.path());
+    drop(m);
+    ok(&[&"check", &img]);
+    fsck_metabox(&img, "shifted dedupe, 48bit");
+}

@@ -77,35 +77,56 @@ pub fn extent_records_at(base: u64, recsz: u64) -> u64 {
     (base.div_ceil(8) * 8 + 8).div_ceil(recsz) * recsz
 }
 
-/// Encoded extents (48-bit layout, format doc §8.11) instead of lcluster indexes for
-/// compressed file `id` (`z`): their record size (16 bytes, or 32 for a file past 4 GiB,
-/// whose logical starts need 64 bits) when the image has the 48-bit layout and they are
-/// shorter than the index. One record an extent instead of one index entry an
-/// lcluster: the packed inode of a source tree (a gigabyte of 4 KiB lclusters in a few
-/// thousand pclusters) shrinks from hundreds of KB of index to tens. Not with an inline
-/// pcluster (ztailpacking), which mkfs.erofs never writes with extents either.
-pub fn extent_recsz(plan: &Plan, id: InodeId, z: &crate::zdata::ZFile) -> Option<u64> {
-    if !plan.layout48 || z.inline.is_some() || z.extents.is_empty() {
-        return None;
-    }
-    let size = plan.sizes[id];
-    let recsz = if size > u64::from(u32::MAX) { 32 } else { 16 };
+/// How a compressed file's extents are mapped in its record (format doc §8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZMap {
+    /// Compact lcluster indexes (layout 3).
+    Compact,
+    /// Full 8-byte lcluster indexes (layout 1): shared pclusters, fragment offsets past
+    /// 4 GiB.
+    Full,
+    /// Encoded extents of `recsz` bytes a record (layout 1 + `ADVISE_EXTENTS`).
+    Extents { recsz: u64 },
+}
+
+/// How compressed file `id` (`z`) is mapped, and its record's shape that way. Encoded
+/// extents (48-bit layout, format doc §8.11) replace the lcluster index when the image
+/// has the 48-bit layout and they are shorter: one 16-byte record an extent (32 bytes
+/// past 4 GiB, whose logical starts need 64 bits) instead of one index entry an
+/// lcluster, so the packed inode of a source tree (a gigabyte of 4 KiB lclusters in a
+/// few thousand pclusters) shrinks from hundreds of KB of index to tens. Not with an
+/// inline pcluster (ztailpacking), which mkfs.erofs never writes with extents either.
+pub fn zmap(plan: &Plan, id: InodeId, z: &crate::zdata::ZFile) -> (ZMap, Shape) {
     let base = plan.fixed_meta(id);
-    let lclusters = size.div_ceil(plan.bs);
+    let lclusters = plan.sizes[id].div_ceil(plan.bs);
+    let tail = z.inline.as_ref().map_or(0, |(b, _)| b.len() as u64);
     let index = if z.full_index {
-        base.div_ceil(8) * 8 + 16 + 8 * lclusters
+        let len = base.div_ceil(8) * 8 + 16 + 8 * lclusters + tail;
+        (ZMap::Full, Shape::Fixed(len))
     } else {
-        // Compact indexes' length depends a little on the position; at 0 is near enough
-        // for the choice (nids and records both make it this way).
-        Shape::Compact {
+        let shape = Shape::Compact {
             head: base.div_ceil(8) * 8 + 8,
             lclusters: lclusters as usize,
-            tail: 0,
-        }
-        .len(0)
+            tail,
+        };
+        (ZMap::Compact, shape)
+    };
+    if !plan.layout48 || z.inline.is_some() || z.extents.is_empty() {
+        return index;
+    }
+    let recsz = if plan.sizes[id] > u64::from(u32::MAX) {
+        32
+    } else {
+        16
     };
     let extents = extent_records_at(base, recsz) + recsz * z.extents.len() as u64;
-    (extents < index).then_some(recsz)
+    // A compact index's length depends a little on its position; at 0 is near enough
+    // for the choice, made once here for the packer and the encoder alike.
+    if extents < index.1.len(0) {
+        (ZMap::Extents { recsz }, Shape::Fixed(extents))
+    } else {
+        index
+    }
 }
 
 /// The record of inode `id` with data at `layout`.
@@ -116,21 +137,7 @@ pub fn record(plan: &Plan, id: InodeId, layout: &Layout) -> Record {
     let shape = match layout {
         // Map header and 8 reserved bytes (format doc §8.2).
         Layout::Fragment { .. } => Shape::Fixed(base.div_ceil(8) * 8 + 16),
-        Layout::Compressed(z) if extent_recsz(plan, id, z).is_some() => {
-            let recsz = extent_recsz(plan, id, z).unwrap_or(16);
-            Shape::Fixed(extent_records_at(base, recsz) + recsz * z.extents.len() as u64)
-        }
-        Layout::Compressed(z) if z.full_index => Shape::Fixed(
-            base.div_ceil(8) * 8
-                + 16
-                + 8 * plan.sizes[id].div_ceil(bs)
-                + z.inline.as_ref().map_or(0, |(b, _)| b.len() as u64),
-        ),
-        Layout::Compressed(z) => Shape::Compact {
-            head: base.div_ceil(8) * 8 + 8,
-            lclusters: plan.sizes[id].div_ceil(bs) as usize,
-            tail: z.inline.as_ref().map_or(0, |(b, _)| b.len() as u64),
-        },
+        Layout::Compressed(z) => zmap(plan, id, z).1,
         Layout::Inline { tail, .. } => Shape::Fixed(base + tail.len() as u64),
         Layout::Chunked { map, .. } => Shape::Fixed(base.div_ceil(4) * 4 + 4 * map.len() as u64),
         Layout::ChunkIndex { count, .. } => {

@@ -133,14 +133,13 @@ pub fn plan(tree: &Tree, build_time: i64, o: &BuildOptions) -> Result<Plan> {
     } else {
         build_time
     };
+    // How far after the epoch a compact inode's mtime may lie (without the layout the
+    // epoch is the build time and only it fits).
+    let reach = if layout48 { i64::from(u32::MAX) } else { 0 };
     let mtime_fits = |mtime: i64| {
-        if layout48 {
-            mtime
-                .checked_sub(epoch)
-                .is_some_and(|d| (0..=i64::from(u32::MAX)).contains(&d))
-        } else {
-            mtime == build_time
-        }
+        mtime
+            .checked_sub(epoch)
+            .is_some_and(|d| (0..=reach).contains(&d))
     };
     let extended: Vec<bool> = tree
         .nodes
@@ -275,6 +274,12 @@ mod tests {
         }
     }
 
+    /// `t` planned with `o` after its time policy.
+    fn planned(t: &mut Tree, o: &BuildOptions) -> Result<Plan> {
+        let build_time = apply_time_policy(t, o);
+        plan(t, build_time, o)
+    }
+
     #[test]
     fn versions_sizes_and_inline_decisions() -> Result<()> {
         let mut t = tree();
@@ -327,10 +332,7 @@ mod tests {
         t.nodes[1].mtime = late - i64::from(u32::MAX);
         t.nodes[2].mtime = late - i64::from(u32::MAX) - 1;
         t.nodes[3].mtime = late;
-        let p = {
-            let bt = apply_time_policy(&mut t, &o);
-            plan(&t, bt, &o)?
-        };
+        let p = planned(&mut t, &o)?;
         assert_eq!(p.epoch, 1000);
         assert_eq!(p.extended, [false, false, true, false]);
         // A build time before 1970: the epoch is the build time itself.
@@ -338,17 +340,11 @@ mod tests {
         for n in &mut t.nodes {
             n.mtime = -100;
         }
-        let p = {
-            let bt = apply_time_policy(&mut t, &o);
-            plan(&t, bt, &o)?
-        };
+        let p = planned(&mut t, &o)?;
         assert_eq!(p.epoch, -100);
         assert_eq!(p.extended, [false; 4]);
         // Without the 48-bit layout the epoch is the build time (the old rule).
-        let mut t = tree();
-        let d = BuildOptions::default();
-        let bt = apply_time_policy(&mut t, &d);
-        let p = plan(&t, bt, &d)?;
+        let p = planned(&mut tree(), &BuildOptions::default())?;
         assert_eq!((p.epoch, p.layout48), (100, false));
         Ok(())
     }
@@ -360,10 +356,7 @@ mod tests {
             ..BuildOptions::default()
         };
         let mut t = tree();
-        let p = {
-            let bt = apply_time_policy(&mut t, &o);
-            plan(&t, bt, &o)?
-        };
+        let p = planned(&mut t, &o)?;
         assert!(p.layout48 && p.dot_omitted);
         // "..", "f", "long", "s": 4 dirents and 2+1+4+1 name bytes.
         assert_eq!(p.sizes[0], 56);

@@ -3,6 +3,7 @@
 //! index and inline pcluster. Its length matches [`crate::nids::record`]'s shape.
 
 use crate::layout::Layout;
+use crate::nids::ZMap;
 use crate::options::*;
 use crate::plan::Plan;
 use crate::scan::{InodeId, Kind, Node};
@@ -22,6 +23,10 @@ pub fn encode(
     big_pcluster: bool,
 ) -> Result<Vec<u8>> {
     let ext = plan.extended[id];
+    let mapping = match layout {
+        Layout::Compressed(z) => crate::nids::zmap(plan, id, z).0,
+        _ => ZMap::Compact,
+    };
     let (data_layout, u) = match layout {
         Layout::Plain { startblk } => (DataLayout::FlatPlain, *startblk),
         Layout::Inline { startblk, .. } => (
@@ -33,12 +38,10 @@ pub fn encode(
             DataLayout::ChunkBased,
             u64::from(*chunk_rel) | u64::from(ferofs_format::chunk::CHUNK_FORMAT_INDEXES),
         ),
-        Layout::Compressed(z)
-            if z.full_index || crate::nids::extent_recsz(plan, id, z).is_some() =>
-        {
-            (DataLayout::CompressedFull, z.blocks)
+        Layout::Compressed(z) if mapping == ZMap::Compact => {
+            (DataLayout::CompressedCompact, z.blocks)
         }
-        Layout::Compressed(z) => (DataLayout::CompressedCompact, z.blocks),
+        Layout::Compressed(z) => (DataLayout::CompressedFull, z.blocks),
         Layout::Fragment { .. } => (DataLayout::CompressedFull, 0),
     };
     let u = match nd.kind {
@@ -79,20 +82,23 @@ pub fn encode(
         core.encode_compact().to_vec()
     };
     rec.extend_from_slice(area);
-    match layout {
-        Layout::Inline { tail, .. } => rec.extend_from_slice(tail),
-        Layout::Chunked { map, .. } => {
+    match (layout, mapping) {
+        (Layout::Inline { tail, .. }, _) => rec.extend_from_slice(tail),
+        (Layout::Chunked { map, .. }, _) => {
             rec.resize(rec.len().div_ceil(4) * 4, 0);
             for m in map {
                 rec.extend_from_slice(&m.to_le_bytes());
             }
         }
-        Layout::ChunkIndex {
-            chunk_rel,
-            device,
-            blkaddr,
-            count,
-        } => {
+        (
+            Layout::ChunkIndex {
+                chunk_rel,
+                device,
+                blkaddr,
+                count,
+            },
+            _,
+        ) => {
             rec.resize(rec.len().div_ceil(8) * 8, 0);
             let blocks_per_chunk = 1u64 << chunk_rel;
             for k in 0..u64::from(*count) {
@@ -107,8 +113,8 @@ pub fn encode(
                 rec.extend_from_slice(&e.encode());
             }
         }
-        Layout::Plain { .. } => {}
-        Layout::Fragment { off } => {
+        (Layout::Plain { .. }, _) => {}
+        (Layout::Fragment { off }, _) => {
             // The whole file is at `off` of the packed inode: the header read as a
             // u64 is the offset with bit 63 set; 8 reserved bytes follow.
             if *off >> 63 != 0 {
@@ -118,11 +124,10 @@ pub fn encode(
             rec.extend_from_slice(&(off | 1 << 63).to_le_bytes());
             rec.extend_from_slice(&[0u8; 8]);
         }
-        Layout::Compressed(z) if crate::nids::extent_recsz(plan, id, z).is_some() => {
-            let recsz = crate::nids::extent_recsz(plan, id, z).unwrap_or(16);
+        (Layout::Compressed(z), ZMap::Extents { recsz }) => {
             encode_extents(&mut rec, plan, nd, z, recsz)?;
         }
-        Layout::Compressed(z) => {
+        (Layout::Compressed(z), _) => {
             rec.resize(rec.len().div_ceil(8) * 8, 0);
             // (For full indexes bit 0 would mean encoded extents.)
             let mut advise = if z.full_index {

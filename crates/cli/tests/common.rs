@@ -48,3 +48,18 @@ pub fn build(src: &Path, img: &Path, extra: &[&str]) {
 pub fn json(s: &str) -> serde_json::Value {
     serde_json::from_str(s).unwrap_or_else(|e| panic!("bad JSON ({e}): {s}"))
 }
+
+/// The kernel mount of `img` equals `tree`; an fsck.erofs that knows the image's
+/// features (1.9+: 48-bit, metabox) and `ferofs check` pass; `ferofs extract` into `x`
+/// (removed afterwards) gives `tree` back.
+pub fn assert_image_holds(img: &Path, tree: &Path, x: &Path, what: &str) {
+    {
+        let m = ferofs_testkit::Mount::erofs(img);
+        ferofs_testkit::assert_same_tree(tree, m.path());
+    }
+    ferofs_testkit::fsck_metabox(img, what);
+    ok(&[&"check", &img]);
+    ok(&[&"extract", &img, &x]);
+    ferofs_testkit::assert_same_tree(tree, x);
+    std::fs::remove_dir_all(x).expect("rm");
+}

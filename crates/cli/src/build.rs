@@ -468,6 +468,11 @@ pub fn run(a: BuildArgs) -> Result<()> {
                 ferofs_compress::PIECE_CONSUMED.load(Relaxed),
             );
             eprintln!(
+                "codec work   pieces overflowed {}, {} bytes compressed again to undo them",
+                ferofs_compress::PIECE_OVERFLOWS.load(Relaxed),
+                ferofs_compress::PIECE_REPLAYED.load(Relaxed),
+            );
+            eprintln!(
                 "codec work   refits {} ({} trials over {} bytes)",
                 ferofs_compress::search::REFITS.load(Relaxed),
                 ferofs_compress::search::REFIT_TRIALS.load(Relaxed),

@@ -41,7 +41,9 @@ mod lzma;
 #[cfg(feature = "zstd")]
 mod zstd_codec;
 #[cfg(feature = "zstd")]
-pub use zstd_codec::{PIECE_BYTES, PIECE_CONSUMED, PIECE_EARLY_ENDS, STREAM_MIN_CAP};
+pub use zstd_codec::{
+    PIECE_BYTES, PIECE_CONSUMED, PIECE_EARLY_ENDS, PIECE_OVERFLOWS, PIECE_REPLAYED, STREAM_MIN_CAP,
+};
 
 use std::fmt;
 

@@ -66,16 +66,17 @@ const SMALL_MARGINS: Margins = Margins {
 /// the room, later pieces further below it. Measured on the rootfs, zstd 15, 1 MiB,
 /// `-E smallest`, `-j 2`, against the small margins: overflows 73 -> 21, piece input
 /// 817 -> 643 MB for 567 -> 560 MB consumed, the same image bytes (169,783,296).
-/// Pclusters of at least this size take [`LARGE_MARGINS`]. At 256 KiB they cut the
-/// rootfs's zstd 15 piece input by a quarter too (+0.007 % bytes), but they moved
-/// make-tree's packed inode at 256 KiB so that one small `cat` from a remote image
-/// fetched 745 KB instead of 311 KB (tests/remote.rs); kept at the small margins there.
-const LARGE_MARGINS_MIN_CAP: usize = 512 << 10;
 const LARGE_MARGINS: Margins = Margins {
     first: 2.0,
     whole: 1.6,
     part: 2.0,
 };
+
+/// Pclusters of at least this size take [`LARGE_MARGINS`]. At 256 KiB they cut the
+/// rootfs's zstd 15 piece input by a quarter too (+0.007 % bytes), but they moved
+/// make-tree's packed inode at 256 KiB so that one small `cat` from a remote image
+/// fetched 745 KB instead of 311 KB (tests/remote.rs); kept at the small margins there.
+const LARGE_MARGINS_MIN_CAP: usize = 512 << 10;
 /// Pclusters at least this large take several whole blocks per piece; smaller ones one
 /// block at a time. A 128 KiB pcluster holds two to four blocks of input, and the
 /// ratio that sizes its first piece comes from earlier data: a two- or three-block
@@ -439,14 +440,17 @@ mod tests {
     use super::*;
 
     /// Bytes from a 16-letter alphabet, uniformly: about 2:1 everywhere.
+    /// The next state of a xorshift64 generator.
+    fn xorshift(seed: &mut u64) -> u64 {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *seed
+    }
+
     fn half_entropy(len: usize, mut seed: u64) -> Vec<u8> {
         (0..len)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                b'a' + (seed >> 40) as u8 % 16
-            })
+            .map(|_| b'a' + (xorshift(&mut seed) >> 40) as u8 % 16)
             .collect()
     }
 
@@ -500,12 +504,7 @@ mod tests {
         let mut seed = 0x2545_f491_4f6c_dd1du64;
         for i in 0..16u64 {
             mixed.extend_from_slice(&half_entropy(512 << 10, 0x9e37_79b9 + i));
-            mixed.extend((0..96 << 10).map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                (seed >> 32) as u8
-            }));
+            mixed.extend((0..96 << 10).map(|_| (xorshift(&mut seed) >> 32) as u8));
         }
         let mut big = vec![0u8; 1 << 20];
         let mut work_of = |m: Margins| {

@@ -350,7 +350,10 @@ mod tests {
         let o = BuildOptions::default();
         let build_time = apply_time_policy(&mut t, &o);
         assert_eq!(build_time, 50);
-        assert_eq!(plan(&t, build_time, &o)?.extended, [false, false, false, true]);
+        assert_eq!(
+            plan(&t, build_time, &o)?.extended,
+            [false, false, false, true]
+        );
         // Times with nanoseconds do not count; a tie goes to the newer time.
         let mut t = tree();
         t.nodes[0].mtime_nsec = 7;

@@ -31,11 +31,10 @@ fn sb_fields(img: &Path) -> (u32, i64, u32, u16, u64) {
     )
 }
 
-/// The mtime in whole seconds most inodes of `tree` have (each hardlinked inode once);
-/// ties go to the newest.
-fn most_common_whole_second(tree: &Path) -> i64 {
+/// Every inode of `tree`, the root included, each hardlinked inode once.
+fn inodes(tree: &Path) -> Vec<std::fs::Metadata> {
     let mut seen = HashSet::new();
-    let mut count = std::collections::BTreeMap::<i64, usize>::new();
+    let mut all = Vec::new();
     let mut stack = vec![tree.to_path_buf()];
     while let Some(p) = stack.pop() {
         let md = std::fs::symlink_metadata(&p).expect("lstat");
@@ -44,9 +43,18 @@ fn most_common_whole_second(tree: &Path) -> i64 {
                 stack.push(e.expect("entry").path());
             }
         }
-        if seen.insert(md.ino()) && md.mtime_nsec() == 0 {
-            *count.entry(md.mtime()).or_default() += 1;
+        if seen.insert(md.ino()) {
+            all.push(md);
         }
+    }
+    all
+}
+
+/// The mtime in whole seconds most inodes of `tree` have; ties go to the newest.
+fn most_common_whole_second(tree: &Path) -> i64 {
+    let mut count = std::collections::BTreeMap::<i64, usize>::new();
+    for md in inodes(tree).iter().filter(|md| md.mtime_nsec() == 0) {
+        *count.entry(md.mtime()).or_default() += 1;
     }
     let most = count.values().copied().max().expect("a whole-second mtime");
     count
@@ -57,35 +65,21 @@ fn most_common_whole_second(tree: &Path) -> i64 {
         .expect("found")
 }
 
-/// Inodes of `tree` (the root included, each hardlinked inode once) that a compact
-/// inode cannot hold in the 48-bit layout with epoch `epoch`: an mtime with
-/// nanoseconds or out of reach, owner or link count over 16 bits, size over 32 bits.
+/// Inodes of `tree` that a compact inode cannot hold in the 48-bit layout with epoch
+/// `epoch`: an mtime with nanoseconds or out of reach, owner or link count over 16
+/// bits, size over 32 bits.
 fn needs_extended(tree: &Path, epoch: i64) -> usize {
-    let mut seen = HashSet::new();
-    let mut n = 0;
-    let mut stack = vec![tree.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        let md = std::fs::symlink_metadata(&p).expect("lstat");
-        if md.is_dir() {
-            for e in std::fs::read_dir(&p).expect("readdir") {
-                stack.push(e.expect("entry").path());
-            }
-        }
-        if !seen.insert(md.ino()) {
-            continue;
-        }
-        let reach = md.mtime() - epoch;
-        if md.mtime_nsec() != 0
-            || !(0..=i64::from(u32::MAX)).contains(&reach)
-            || md.uid() > 0xFFFF
-            || md.gid() > 0xFFFF
-            || md.nlink() > 0xFFFF
-            || md.size() > u64::from(u32::MAX)
-        {
-            n += 1;
-        }
-    }
-    n
+    inodes(tree)
+        .iter()
+        .filter(|md| {
+            md.mtime_nsec() != 0
+                || !(0..=i64::from(u32::MAX)).contains(&(md.mtime() - epoch))
+                || md.uid() > 0xFFFF
+                || md.gid() > 0xFFFF
+                || md.nlink() > 0xFFFF
+                || md.size() > u64::from(u32::MAX)
+        })
+        .count()
 }
 
 #[test]

@@ -103,13 +103,14 @@ pub fn add_packed_inode(tree: &mut Tree, build_time: i64) {
 /// 2^32-1 s before the build time, so it is the newest mtime; likewise with
 /// `--ignore-mtime`, and when no mtime is in whole seconds.
 pub fn apply_time_policy(tree: &mut Tree, o: &BuildOptions) -> i64 {
-    let newest = tree.nodes.iter().map(|n| n.mtime).max().unwrap_or(0);
-    let from_tree = if o.layout48() || o.ignore_mtime {
-        newest
-    } else {
-        most_common_whole_second(tree).unwrap_or(newest)
-    };
-    let build_time = o.timestamp.or(o.source_date_epoch).unwrap_or(from_tree);
+    let build_time = o.timestamp.or(o.source_date_epoch).unwrap_or_else(|| {
+        let common = if o.layout48() || o.ignore_mtime {
+            None
+        } else {
+            most_common_whole_second(tree)
+        };
+        common.unwrap_or_else(|| tree.nodes.iter().map(|n| n.mtime).max().unwrap_or(0))
+    });
     for n in &mut tree.nodes {
         if let Some(t) = o.timestamp {
             n.mtime = t;

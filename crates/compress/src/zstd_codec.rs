@@ -78,6 +78,7 @@ const LARGE_MARGINS: Margins = Margins {
 /// make-tree's packed inode at 256 KiB so that one small `cat` from a remote image
 /// fetched 745 KB instead of 311 KB (tests/remote.rs); kept at the small margins there.
 const LARGE_MARGINS_MIN_CAP: usize = 512 << 10;
+
 /// Pclusters at least this large take several whole blocks per piece; smaller ones one
 /// block at a time. A 128 KiB pcluster holds two to four blocks of input, and the
 /// ratio that sizes its first piece comes from earlier data: a two- or three-block
@@ -320,14 +321,13 @@ impl FixedOutputCompressor for Zstd {
     }
 
     fn compress_destsize(&mut self, src: &[u8], dst: &mut [u8]) -> (usize, usize) {
-        let compressible = self.ratio >= MIN_STREAM_RATIO || dst.len() >= LARGE_MARGINS_MIN_CAP;
-        if dst.len() >= STREAM_MIN_CAP && src.len() > dst.len() && compressible {
+        let large = dst.len() >= LARGE_MARGINS_MIN_CAP;
+        if dst.len() >= STREAM_MIN_CAP
+            && src.len() > dst.len()
+            && (large || self.ratio >= MIN_STREAM_RATIO)
+        {
             let one_block = dst.len() < MULTI_BLOCK_MIN_CAP;
-            let m = if dst.len() < LARGE_MARGINS_MIN_CAP {
-                SMALL_MARGINS
-            } else {
-                LARGE_MARGINS
-            };
+            let m = if large { LARGE_MARGINS } else { SMALL_MARGINS };
             if let Some((consumed, written)) = self.fill(src, dst, one_block, m) {
                 // Nothing longer than the pcluster fitted: storing is as good.
                 if consumed > dst.len() {
@@ -449,7 +449,6 @@ fn run(d: &mut DCtx<'_>, src: &[u8], dst: &mut [u8], partial: bool) -> Result<()
 mod tests {
     use super::*;
 
-    /// Bytes from a 16-letter alphabet, uniformly: about 2:1 everywhere.
     /// The next state of a xorshift64 generator.
     fn xorshift(seed: &mut u64) -> u64 {
         *seed ^= *seed << 13;
@@ -458,6 +457,7 @@ mod tests {
         *seed
     }
 
+    /// Bytes from a 16-letter alphabet, uniformly: about 2:1 everywhere.
     fn half_entropy(len: usize, mut seed: u64) -> Vec<u8> {
         (0..len)
             .map(|_| b'a' + (xorshift(&mut seed) >> 40) as u8 % 16)

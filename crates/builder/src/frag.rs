@@ -8,7 +8,9 @@
 //! over in order, only records where their bytes are: the packed inode's data is the
 //! list of those spool ranges ([`Packed::source`]). With dedupe, a fragment equal byte
 //! for byte to an earlier one (found by a 128-bit hash, then compared) becomes a
-//! reference to it (its spool bytes are left unused).
+//! reference to it (its spool bytes are left unused); so does one equal to the end of
+//! an earlier, longer one (found by a hash of its last 64 bytes, then compared), when
+//! that end lies further back than the packed inode's codec could find it itself.
 //!
 //! Inode order keeps the files of one directory together, then its subdirectories'
 //! (format doc §10): similar content sits side by side and a directory's small files
@@ -95,6 +97,7 @@ impl Spool {
 struct Entry {
     /// Where the fragment starts in the packed inode's data.
     off: u64,
+    len: u64,
     /// Its xxh3-128 when the caller handed it in (workers hash what they read).
     hash: Option<u128>,
 }
@@ -107,7 +110,24 @@ struct Seen {
     unhashed: HashMap<u64, Vec<usize>>,
     /// (xxh3-128, length) -> hashed entries.
     hashed: HashMap<(u128, u64), Vec<usize>>,
+    /// xxh3-64 of the last [`SUFFIX_KEY`] bytes -> the entries (at least that long)
+    /// ending with them, the newest last (at most [`SUFFIX_CANDIDATES`] a key).
+    ends: HashMap<u64, Vec<usize>>,
 }
+
+/// Where a fragment that is not a duplicate of a whole one is recorded once it is
+/// stored: by its length alone, or by its hash and length.
+enum Record {
+    Unhashed,
+    Hashed(u128),
+}
+
+/// Bytes at the end of a fragment that key the search for an earlier fragment it is
+/// the end of (mkfs.erofs keys the same search by its last 64 bytes).
+const SUFFIX_KEY: u64 = 64;
+/// Earlier fragments compared a key, the newest first: a bound on the work per
+/// fragment when many end alike.
+const SUFFIX_CANDIDATES: usize = 8;
 
 /// Collects fragments.
 pub struct FragStore {
@@ -119,8 +139,9 @@ pub struct FragStore {
     /// Where they are in the spool, in order, covering `[0, len)`.
     segs: Vec<Segment>,
     entries: Vec<Entry>,
-    /// Per handed-out fragment id: its entry (several ids share one with dedupe).
-    ids: Vec<usize>,
+    /// Per handed-out fragment id: its offset in the packed inode's data (with dedupe
+    /// several ids point into one entry: at its start, or at the start of its end).
+    ids: Vec<u64>,
     /// Where the fragment being written starts.
     open: Option<u64>,
     seen: Option<Seen>,
@@ -128,6 +149,11 @@ pub struct FragStore {
     pub bytes_in: u64,
     /// Bytes not stored again thanks to dedupe.
     pub deduped: u64,
+    /// Of those, bytes of fragments found as the end of a longer one.
+    pub suffix_deduped: u64,
+    /// The end of a longer fragment is used only from further back than this (bytes
+    /// of packed data): how far back the packed inode's codec finds matches.
+    suffix_reach: u64,
 }
 
 /// The packed inode's data, laid out.
@@ -185,8 +211,10 @@ pub fn frag_hash(bytes: &[u8]) -> u128 {
 const CMP_CHUNK: u64 = 1 << 20;
 
 impl FragStore {
-    /// Collect into `spool` (an empty scratch file).
-    pub fn new(spool: tempfile::NamedTempFile, dedupe: bool) -> Result<Self> {
+    /// Collect into `spool` (an empty scratch file). With `dedupe`, a fragment equal to
+    /// an earlier one, or to the end of an earlier one further back than
+    /// `suffix_reach`, is not stored again.
+    pub fn new(spool: tempfile::NamedTempFile, dedupe: bool, suffix_reach: u64) -> Result<Self> {
         let path = spool.path().to_path_buf();
         let file = spool
             .reopen()
@@ -206,6 +234,8 @@ impl FragStore {
             seen: dedupe.then(Seen::default),
             bytes_in: 0,
             deduped: 0,
+            suffix_deduped: 0,
+            suffix_reach,
         })
     }
 
@@ -280,37 +310,58 @@ impl FragStore {
         };
         let len = self.len - off;
         let entry = self.entries.len();
-        let mut dup = None;
-        if let Some(mut seen) = self.seen.take() {
-            let found = self.dedupe(&mut seen, off, len, entry, hash);
-            self.seen = Some(seen);
-            dup = found?;
-        }
-        let id = if let Some(c) = dup {
-            self.truncate(off);
-            self.deduped += len;
-            c
-        } else {
-            self.entries.push(Entry { off, hash });
-            entry
+        let Some(mut seen) = self.seen.take() else {
+            self.entries.push(Entry { off, len, hash });
+            self.ids.push(off);
+            return Ok(self.ids.len() - 1);
         };
-        self.ids.push(id);
+        let found = self.find(&mut seen, off, len, hash);
+        let found = match found {
+            Ok(Ok((at, suffix))) => {
+                self.truncate(off);
+                self.deduped += len;
+                if suffix {
+                    self.suffix_deduped += len;
+                }
+                Ok(at)
+            }
+            Ok(Err(record)) => self.record(&mut seen, record, entry, off, len, hash),
+            Err(e) => Err(e),
+        };
+        self.seen = Some(seen);
+        self.ids.push(found?);
         Ok(self.ids.len() - 1)
     }
 
-    /// The stored entry equal to spool range `[off, off+len)`, or None after recording
-    /// the range as entry `entry`.
+    /// Where an earlier fragment equal to packed range `[off, off+len)` starts, or the
+    /// end of a longer one (true), or how to record the range if there is none.
+    fn find(
+        &self,
+        seen: &mut Seen,
+        off: u64,
+        len: u64,
+        hash: Option<u128>,
+    ) -> Result<std::result::Result<(u64, bool), Record>> {
+        match self.dedupe(seen, off, len, hash)? {
+            Ok(at) => Ok(Ok((at, false))),
+            Err(record) => Ok(self
+                .suffix_of(seen, off, len)?
+                .map(|at| (at, true))
+                .ok_or(record)),
+        }
+    }
+
+    /// Where an earlier fragment equal to spool range `[off, off+len)` starts, or how
+    /// to record the range if none is.
     fn dedupe(
         &self,
         seen: &mut Seen,
         off: u64,
         len: u64,
-        entry: usize,
         hash: Option<u128>,
-    ) -> Result<Option<usize>> {
+    ) -> Result<std::result::Result<u64, Record>> {
         let Some(waiting) = seen.unhashed.get_mut(&len) else {
-            seen.unhashed.insert(len, vec![entry]);
-            return Ok(None);
+            return Ok(Err(Record::Unhashed));
         };
         for e in std::mem::take(waiting) {
             let h = match self.entries[e].hash {
@@ -323,14 +374,71 @@ impl FragStore {
             Some(h) => h,
             None => self.hash_range(off, len)?,
         };
-        let key = (h, len);
-        for &c in seen.hashed.get(&key).map_or(&[][..], Vec::as_slice) {
+        for &c in seen.hashed.get(&(h, len)).map_or(&[][..], Vec::as_slice) {
             if self.same(self.entries[c].off, off, len)? {
-                return Ok(Some(c));
+                return Ok(Ok(self.entries[c].off));
             }
         }
-        seen.hashed.entry(key).or_default().push(entry);
+        Ok(Err(Record::Hashed(h)))
+    }
+
+    /// Where the end of an earlier, longer fragment equal to spool range
+    /// `[off, off+len)` starts, if there is one (mkfs.erofs finds the same: two
+    /// versions of a file, static libraries built from the same objects).
+    fn suffix_of(&self, seen: &Seen, off: u64, len: u64) -> Result<Option<u64>> {
+        if len < SUFFIX_KEY || self.suffix_reach == u64::MAX {
+            return Ok(None);
+        }
+        let key = self.end_key(off, len)?;
+        for &c in seen
+            .ends
+            .get(&key)
+            .map_or(&[][..], Vec::as_slice)
+            .iter()
+            .rev()
+        {
+            let e = &self.entries[c];
+            let at = e.off + e.len - len;
+            // Within the codec's reach the copy costs next to nothing where it is;
+            // taking it out only moves later pcluster boundaries.
+            if e.len > len && off - at > self.suffix_reach && self.same(at, off, len)? {
+                return Ok(Some(at));
+            }
+        }
         Ok(None)
+    }
+
+    /// The key of the end of packed range `[off, off+len)` (len >= SUFFIX_KEY).
+    fn end_key(&self, off: u64, len: u64) -> Result<u64> {
+        let mut b = [0u8; SUFFIX_KEY as usize];
+        self.read_at(&mut b, off + len - SUFFIX_KEY)?;
+        Ok(xxhash_rust::xxh3::xxh3_64(&b))
+    }
+
+    /// Store range `[off, off+len)` as entry `entry`, known to dedupe as `record` says;
+    /// returns its offset.
+    fn record(
+        &mut self,
+        seen: &mut Seen,
+        record: Record,
+        entry: usize,
+        off: u64,
+        len: u64,
+        hash: Option<u128>,
+    ) -> Result<u64> {
+        match record {
+            Record::Unhashed => seen.unhashed.entry(len).or_default().push(entry),
+            Record::Hashed(h) => seen.hashed.entry((h, len)).or_default().push(entry),
+        }
+        if len >= SUFFIX_KEY && self.suffix_reach != u64::MAX {
+            let v = seen.ends.entry(self.end_key(off, len)?).or_default();
+            if v.len() == SUFFIX_CANDIDATES {
+                v.remove(0);
+            }
+            v.push(entry);
+        }
+        self.entries.push(Entry { off, len, hash });
+        Ok(off)
     }
 
     /// Store a whole fragment.
@@ -396,9 +504,12 @@ impl FragStore {
         let mut x = vec![0u8; len.min(CMP_CHUNK) as usize];
         let mut y = x.clone();
         let mut done = 0u64;
+        // The first pieces small: ranges that differ mostly differ early.
+        let mut chunk = CMP_CHUNK.min(4096);
         // Bounded: each pass advances `done` by at least one byte (len > done).
         while done < len {
-            let n = (len - done).min(CMP_CHUNK) as usize;
+            let n = (len - done).min(chunk) as usize;
+            chunk = (chunk * 2).min(CMP_CHUNK);
             self.read_at(&mut x[..n], a + done)?;
             self.read_at(&mut y[..n], b + done)?;
             if x[..n] != y[..n] {
@@ -418,7 +529,7 @@ impl FragStore {
     pub fn finish(self) -> Packed {
         Packed {
             size: self.len,
-            offsets: self.ids.iter().map(|&e| self.entries[e].off).collect(),
+            offsets: self.ids,
             file: self.tmp,
             segs: self.segs.into(),
         }
@@ -437,11 +548,83 @@ mod tests {
     /// A fragment store on a spool in a fresh temporary directory (kept alive by the
     /// returned guard).
     fn store(dedupe: bool) -> Result<(tempfile::TempDir, FragStore)> {
+        store_reach(dedupe, 0)
+    }
+
+    fn store_reach(dedupe: bool, reach: u64) -> Result<(tempfile::TempDir, FragStore)> {
         let dir = tempfile::tempdir().map_err(io_err(Path::new("."), "tempdir"))?;
         let spool =
             tempfile::NamedTempFile::new_in(dir.path()).map_err(io_err(dir.path(), "spool"))?;
-        let s = FragStore::new(spool, dedupe)?;
+        let s = FragStore::new(spool, dedupe, reach)?;
         Ok((dir, s))
+    }
+
+    /// `n` bytes that repeat nowhere within them.
+    fn noise(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_fragment_equal_to_the_end_of_an_earlier_one_points_into_it() -> Result<()> {
+        let (_dir, mut s) = store(true)?;
+        let a = noise(1000, 1);
+        let other = noise(300, 2);
+        s.add(&a)?;
+        s.add(&other)?;
+        // The last 200 bytes of a; then the last 100 (a suffix of that suffix, found
+        // in a, the fragment stored); then 64 bytes, the shortest end searched for.
+        s.add(&a[800..])?;
+        s.add(&a[900..])?;
+        s.add(&a[936..])?;
+        // 63 bytes are not searched for; a fragment differing in its first byte from
+        // a's end is no suffix; a's first 500 bytes are no end of anything.
+        s.add(&a[937..])?;
+        let mut almost = a[700..].to_vec();
+        almost[0] ^= 1;
+        s.add(&almost)?;
+        s.add(&a[..500])?;
+        assert_eq!(s.suffix_deduped, 200 + 100 + 64);
+        assert_eq!(s.deduped, 200 + 100 + 64);
+        let p = s.finish();
+        assert_eq!(p.offsets[..5], [0, 1000, 800, 900, 936]);
+        assert_eq!(p.offsets[5..], [1300, 1363, 1663]);
+        let mut want = a.clone();
+        want.extend(&other);
+        want.extend(&a[937..]);
+        want.extend(&almost);
+        want.extend(&a[..500]);
+        assert_eq!(packed_bytes(&p)?, want);
+        Ok(())
+    }
+
+    #[test]
+    fn ends_within_the_codecs_reach_are_kept_and_none_without_dedupe() -> Result<()> {
+        let a = noise(1000, 3);
+        // Reach 250: an end of a starting 300 bytes back from where the fragment would
+        // go is beyond the reach (the fragment points into a); 100 bytes back is within
+        // it (the fragment is stored again).
+        let (_dir, mut s) = store_reach(true, 250)?;
+        s.add(&a)?;
+        s.add(&a[700..])?;
+        s.add(&a[900..])?;
+        assert_eq!(s.suffix_deduped, 300);
+        let p = s.finish();
+        assert_eq!(p.offsets, vec![0, 700, 1000]);
+        assert_eq!(p.size, 1100);
+        let (_dir, mut s) = store(false)?;
+        s.add(&a)?;
+        s.add(&a[700..])?;
+        assert_eq!((s.deduped, s.suffix_deduped), (0, 0));
+        assert_eq!(s.finish().offsets, vec![0, 1000]);
+        Ok(())
     }
 
     #[test]

@@ -41,6 +41,9 @@ pub struct Extent {
     /// Bytes stored (compressed length for compressed extents).
     pub stored: u64,
     pub kind: String,
+    /// For a fragment: where its bytes start in the packed inode's data.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fragment_offset: Option<u64>,
 }
 
 impl fmt::Display for Extent {
@@ -54,6 +57,9 @@ impl fmt::Display for Extent {
         )?;
         if let Some(p) = self.physical {
             write!(f, " @ {p} ({} bytes stored)", self.stored)?;
+        }
+        if let Some(o) = self.fragment_offset {
+            write!(f, " @ packed {o}")?;
         }
         Ok(())
     }
@@ -482,6 +488,7 @@ impl<S: Source> Image<S> {
                 physical,
                 stored: if kind == "hole" { 0 } else { len },
                 kind: kind.to_string(),
+                fragment_offset: None,
             });
             pos += len;
         }

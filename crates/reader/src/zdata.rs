@@ -490,6 +490,10 @@ impl<S: Source> Image<S> {
                 ZSrc::Fragment { .. } => (None, 0, " fragment"),
                 ZSrc::Hole => (None, 0, " hole"),
             };
+            let fragment_offset = match e.src {
+                ZSrc::Fragment { off } => Some(off),
+                _ => None,
+            };
             let kind = match e.kind {
                 ZKind::Plain { interlaced: true } => format!("plain-interlaced{where_}"),
                 ZKind::Plain { .. } => format!("plain{where_}"),
@@ -504,6 +508,7 @@ impl<S: Source> Image<S> {
                 physical,
                 stored,
                 kind,
+                fragment_offset,
             });
             pos = e.end;
         }

@@ -124,7 +124,7 @@ enum Record {
 
 /// Bytes at the end of a fragment that key the search for an earlier fragment it is
 /// the end of (mkfs.erofs keys the same search by its last 64 bytes).
-const SUFFIX_KEY: u64 = 64;
+pub const SUFFIX_KEY: u64 = 64;
 /// Earlier fragments compared a key, the newest first: a bound on the work per
 /// fragment when many end alike.
 const SUFFIX_CANDIDATES: usize = 8;
@@ -408,6 +408,55 @@ impl FragStore {
         Ok(None)
     }
 
+    /// The longest end of `bytes` that an earlier stored fragment also ends with (at
+    /// least [`SUFFIX_KEY`] bytes, else 0), and how far before the end of the packed
+    /// data that fragment ends. Without dedupe by suffix: (0, 0).
+    pub fn common_end(&self, bytes: &[u8]) -> Result<(u64, u64)> {
+        let n = bytes.len() as u64;
+        let Some(seen) = self.seen.as_ref() else {
+            return Ok((0, 0));
+        };
+        if n < SUFFIX_KEY || self.suffix_reach == u64::MAX {
+            return Ok((0, 0));
+        }
+        let key = xxhash_rust::xxh3::xxh3_64(&bytes[(n - SUFFIX_KEY) as usize..]);
+        let mut best = (0, 0);
+        let mut buf = Vec::new();
+        for &c in seen.ends.get(&key).map_or(&[][..], Vec::as_slice) {
+            let e = &self.entries[c];
+            let most = e.len.min(n);
+            let mut k = 0u64;
+            let mut chunk = CMP_CHUNK.min(4096);
+            // Bounded: each pass adds a whole chunk to `k` or ends.
+            while k < most {
+                let step = (most - k).min(chunk);
+                chunk = (chunk * 2).min(CMP_CHUNK);
+                buf.resize(step as usize, 0);
+                self.read_at(&mut buf, e.off + e.len - k - step)?;
+                let mine = &bytes[(n - k - step) as usize..(n - k) as usize];
+                let same = buf
+                    .iter()
+                    .rev()
+                    .zip(mine.iter().rev())
+                    .take_while(|(a, b)| a == b)
+                    .count() as u64;
+                k += same;
+                if same < step {
+                    break;
+                }
+            }
+            if k > best.0 {
+                best = (k, self.len - (e.off + e.len));
+            }
+        }
+        Ok(best)
+    }
+
+    /// How far back the packed inode's codec finds a copy itself (see [`FragStore::new`]).
+    pub fn suffix_reach(&self) -> u64 {
+        self.suffix_reach
+    }
+
     /// The key of the end of packed range `[off, off+len)` (len >= SUFFIX_KEY).
     fn end_key(&self, off: u64, len: u64) -> Result<u64> {
         let mut b = [0u8; SUFFIX_KEY as usize];
@@ -602,6 +651,31 @@ mod tests {
         want.extend(&almost);
         want.extend(&a[..500]);
         assert_eq!(packed_bytes(&p)?, want);
+        Ok(())
+    }
+
+    #[test]
+    fn the_longest_end_shared_with_an_earlier_fragment_is_found() -> Result<()> {
+        let (_dir, mut s) = store(true)?;
+        let a = noise(10_000, 5);
+        let b = noise(5_000, 6);
+        s.add(&a)?;
+        s.add(&b)?;
+        // 300 other bytes, then a's last 7,000 (longer than the 4 KiB first compared).
+        let mut x = noise(300, 7);
+        x.extend_from_slice(&a[3_000..]);
+        assert_eq!(s.common_end(&x)?, (7_000, 5_000));
+        // Its end shared with b, which ends the packed data.
+        let mut y = noise(100, 8);
+        y.extend_from_slice(&b[4_000..]);
+        assert_eq!(s.common_end(&y)?, (1_000, 0));
+        // Fewer than 64 bytes in common: none found.
+        let mut z = noise(100, 9);
+        z.extend_from_slice(&b[4_937..]);
+        assert_eq!(s.common_end(&z)?, (0, 0));
+        let (_dir, mut s) = store(false)?;
+        s.add(&a)?;
+        assert_eq!(s.common_end(&x)?, (0, 0));
         Ok(())
     }
 

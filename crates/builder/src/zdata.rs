@@ -1174,6 +1174,12 @@ pub fn store_all(
             if let Some((f, p)) = pending.take() {
                 let fs = frags.as_deref_mut();
                 let pm = pcl.as_deref_mut();
+                let mut re = Recompress {
+                    comps: &mut ccomps,
+                    dst: &mut cdst,
+                    c,
+                    bs,
+                };
                 results[f] = Some(finish_file(
                     &files[f],
                     p,
@@ -1183,6 +1189,7 @@ pub fn store_all(
                     &mut next_blk,
                     fs,
                     pm,
+                    &mut re,
                 )?);
                 done_upto = f + 1;
             }
@@ -1298,6 +1305,12 @@ pub fn store_all(
     if let Some((f, p)) = pending.take() {
         let fs = frags;
         let pm = pcl;
+        let mut re = Recompress {
+            comps: &mut ccomps,
+            dst: &mut cdst,
+            c,
+            bs,
+        };
         results[f] = Some(finish_file(
             &files[f],
             p,
@@ -1307,6 +1320,7 @@ pub fn store_all(
             &mut next_blk,
             fs,
             pm,
+            &mut re,
         )?);
         done_upto = f + 1;
     }
@@ -1699,6 +1713,7 @@ fn finish_file(
     next_blk: &mut u64,
     frags: Option<&mut FragStore>,
     mut pcl: Option<&mut PclMap>,
+    re: &mut Recompress,
 ) -> Result<Stored> {
     let bs = 1u64 << bits;
     if p.whole_frag {
@@ -1712,7 +1727,7 @@ fn finish_file(
         return store_raw(f, bytes.as_deref(), out, bits, next_blk);
     };
     if last.frag {
-        return finish_with_fragment(f, p, last, bytes, c, out, bits, next_blk, frags, pcl);
+        return finish_with_fragment(f, p, last, bytes, c, out, bits, next_blk, frags, pcl, re);
     }
     // ztailpacking: the last extent behind the inode when the record fits one block.
     let meta_before = f.fixed_meta.div_ceil(8) * 8 + 8 + index_bytes(&p, f.size, bits);
@@ -1794,6 +1809,111 @@ fn compressed(
     })
 }
 
+/// Least length of a fragment's end shared with an earlier fragment for which the rest
+/// of the fragment goes to pclusters of the file's own.
+const SPLIT_MIN_SHARED: u64 = 16 << 10;
+
+/// A fragment (`last`) that ends like an earlier one, but is longer than the end they
+/// share, can still share it: its head goes to pclusters of the file's own and its
+/// rest is the end of the earlier fragment (mkfs.erofs does the same). Two versions of
+/// a header or a static library, for example. The last pcluster of the head takes in
+/// as much of the shared end as fits its blocks, so no block is left part empty.
+/// Returns the head's pieces and where in `last` the rest starts, when the blocks
+/// they take are fewer than what the shared rest would take in the packed inode.
+fn split_at_common_end(
+    f: &FileReq,
+    last: &Piece,
+    c: &Compression,
+    re: &mut Recompress,
+    fs: &FragStore,
+    bits: u8,
+) -> Result<Option<(Vec<Piece>, usize)>> {
+    let m = last.bytes.len() as u64;
+    if m < 2 * SPLIT_MIN_SHARED {
+        return Ok(None);
+    }
+    let (shared, gap) = fs.common_end(&last.bytes)?;
+    if shared < SPLIT_MIN_SHARED || shared >= m {
+        return Ok(None);
+    }
+    let head_len = (m - shared) as usize;
+    let (alg, pcluster) = policy(c, &f.rel);
+    let job = Job {
+        file: 0,
+        src: f.src.clone(),
+        size: f.size,
+        start: last.lstart,
+        end: f.size,
+        alg,
+        pcluster,
+        whole: false,
+        last: false,
+        frag: FragMode::None,
+        shift: false,
+        hash_frag: false,
+        spool: None,
+    };
+    let (comp, _) = codec(re.comps, c, &job)?;
+    let bs = 1usize << bits;
+    let pcl = pcluster as usize;
+    if re.dst.len() < pcl {
+        re.dst.resize(pcl, 0);
+    }
+    let bytes = &last.bytes;
+    let mut pieces = Vec::new();
+    // Input taken, blocks written, compressed bytes.
+    let (mut pos, mut written, mut packed) = (0usize, 0usize, 0usize);
+    // Bounded: each pass consumes at least one byte of the head or returns.
+    while pos < head_len {
+        comp.begin_stream();
+        let (c1, w1) = comp.compress_destsize(&bytes[pos..head_len], &mut re.dst[..pcl]);
+        if c1 == 0 || w1 == 0 {
+            return Ok(None);
+        }
+        let mut out = (c1, re.dst[..w1].to_vec());
+        if pos + c1 == head_len {
+            // The head's last pcluster: fill its blocks from the shared end too.
+            let cap = w1.div_ceil(bs) * bs;
+            comp.begin_stream();
+            let (c2, w2) = comp.compress_destsize(&bytes[pos..], &mut re.dst[..cap]);
+            if c2 > c1 && w2 > 0 {
+                out = (c2, re.dst[..w2].to_vec());
+            }
+        }
+        if out.1.len().div_ceil(bs) * bs >= out.0 {
+            // Not smaller in blocks than the input it took.
+            return Ok(None);
+        }
+        written += out.1.len().div_ceil(bs) * bs;
+        packed += out.1.len();
+        pieces.push(Piece {
+            lstart: last.lstart + pos as u64,
+            bytes: out.1,
+            plain: false,
+            frag: false,
+            est: 0,
+            refer: None,
+            sig: None,
+        });
+        pos += out.0;
+    }
+    let rest = m - pos as u64;
+    // The rest is searched for by its last 64 bytes, and kept as a copy within the
+    // packed codec's reach.
+    if rest < crate::frag::SUFFIX_KEY || gap + rest <= fs.suffix_reach() {
+        return Ok(None);
+    }
+    // What the head takes against what it and the shared rest would take in the
+    // packed inode (at the ratio of the head's own pclusters).
+    let packed_cost = m as f64 * packed as f64 / pos as f64;
+    if written as f64 + bs as f64 >= packed_cost
+        || !heads_ok(&pieces, last.lstart + pos as u64, bits)
+    {
+        return Ok(None);
+    }
+    Ok(Some((pieces, pos)))
+}
+
 /// Finish a file whose last piece is a fragment: the fragment goes to the packed inode
 /// (the whole file, when nothing else of it was written), unless the file as a whole
 /// does not shrink: then it is stored as it is.
@@ -1808,9 +1928,36 @@ fn finish_with_fragment(
     bits: u8,
     next_blk: &mut u64,
     frags: Option<&mut FragStore>,
-    pcl: Option<&mut PclMap>,
+    mut pcl: Option<&mut PclMap>,
+    re: &mut Recompress,
 ) -> Result<Stored> {
     let fs = frags.ok_or_else(|| BuildError::Options("internal: no fragment store".into()))?;
+    let mut last = last;
+    if let Some((head, at)) = split_at_common_end(f, &last, c, re, fs, bits)? {
+        // The head of the fragment goes to pclusters of the file's own; the rest is the
+        // end of an earlier fragment, which the fragment store finds below.
+        let n = head.len();
+        let ends: Vec<u64> = head
+            .iter()
+            .skip(1)
+            .map(|q| q.lstart)
+            .chain(std::iter::once(last.lstart + at as u64))
+            .collect();
+        for (piece, end) in head.into_iter().zip(ends) {
+            let len = end - piece.lstart;
+            write_piece(piece, len, &mut p, out, bits, next_blk, pcl.as_deref_mut())?;
+        }
+        debug_assert!(n > 0);
+        last = Piece {
+            lstart: last.lstart + at as u64,
+            bytes: last.bytes[at..].to_vec(),
+            plain: false,
+            frag: true,
+            est: 0,
+            refer: None,
+            sig: None,
+        };
+    }
     let hash = FragHash::for_piece(p.frag_hash, &last);
     // The bytes are in the spool already when a worker wrote them there.
     let add = |fs: &mut FragStore| match Spooled::for_piece(p.spooled, &last) {

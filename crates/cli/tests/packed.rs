@@ -890,3 +890,58 @@ fn a_fragment_equal_to_the_end_of_an_earlier_one_is_not_stored_again() {
         }
     }
 }
+
+/// A fragment that ends like an earlier one but is longer than the end they share
+/// shares it all the same: its head goes to pclusters of the file's own, its rest
+/// points into the earlier fragment.
+#[test]
+fn a_fragment_sharing_an_earlier_ones_end_keeps_its_head_in_pclusters() {
+    let d = scratch("packed-common-end");
+    let src = d.path().join("src");
+    for sub in ["a", "b"] {
+        std::fs::create_dir_all(src.join(sub)).expect("mkdir");
+    }
+    let a = Rng(51).text(600_000);
+    let mut b = Rng(52).text(60_000);
+    b.extend_from_slice(&a[380_000..]);
+    std::fs::write(src.join("a/one"), &a).expect("write");
+    std::fs::write(src.join("b/two"), &b).expect("write");
+    // (extents before the fragment, the fragment's offset and length)
+    let layout = |img: &Path, p: &str| -> (usize, u64, u64) {
+        let st = json(&ok(&[&"stat", &"--json", &img, &p]));
+        let size = st["size"].as_u64().expect("size");
+        let ext = st["extents"].as_array().expect("extents");
+        let (last, before) = ext.split_last().expect("an extent");
+        assert_eq!(last["kind"], "plain fragment", "{p}: {st}");
+        let logical = last["logical"].as_u64().expect("logical");
+        let off = last["fragment_offset"].as_u64().expect("fragment offset");
+        assert!(before.iter().all(|e| e["kind"] == "lz4"), "{p}: {st}");
+        (before.len(), off, size - logical)
+    };
+    let img = d.path().join("lz4.erofs");
+    let args = ["-z", "lz4", "-C", "131072", "-E", "smallest"];
+    roundtrip(&src, &img, d.path(), "lz4", &args);
+    let (_, a_off, a_len) = layout(&img, "/a/one");
+    let (b_head, b_off, b_len) = layout(&img, "/b/two");
+    assert!(b_head >= 1, "two's head is in a pcluster of its own");
+    assert!((100_000..220_000).contains(&b_len), "{b_len}");
+    assert_eq!(
+        b_off + b_len,
+        a_off + a_len,
+        "two's fragment ends where one's does"
+    );
+    let without = d.path().join("without.erofs");
+    build(
+        &src,
+        &without,
+        &["-z", "lz4", "-C", "131072", "-E", "fragments"],
+    );
+    let (b_head, ..) = layout(&without, "/b/two");
+    assert_eq!(b_head, 0, "without dedupe two is one fragment");
+    assert!(
+        image_blocks(&without) >= image_blocks(&img) + 15,
+        "{} blocks, {} without dedupe",
+        image_blocks(&img),
+        image_blocks(&without)
+    );
+}

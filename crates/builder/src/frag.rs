@@ -398,10 +398,14 @@ impl FragStore {
             .rev()
         {
             let e = &self.entries[c];
+            // Only a longer fragment (an equal one is a duplicate, found before).
+            if e.len <= len {
+                continue;
+            }
             let at = e.off + e.len - len;
             // Within the codec's reach the copy costs next to nothing where it is;
             // taking it out only moves later pcluster boundaries.
-            if e.len > len && off - at > self.suffix_reach && self.same(at, off, len)? {
+            if off - at > self.suffix_reach && self.same(at, off, len)? {
                 return Ok(Some(at));
             }
         }
@@ -446,7 +450,7 @@ impl FragStore {
                 }
             }
             if k > best.0 {
-                best = (k, self.len - (e.off + e.len));
+                best = (k, self.len.saturating_sub(e.off + e.len));
             }
         }
         Ok(best)
@@ -651,6 +655,19 @@ mod tests {
         want.extend(&almost);
         want.extend(&a[..500]);
         assert_eq!(packed_bytes(&p)?, want);
+        Ok(())
+    }
+
+    #[test]
+    fn a_longer_fragment_ending_like_a_shorter_earlier_one_is_stored() -> Result<()> {
+        // The earlier fragment is a's end: the same key, but too short to hold a (a
+        // length taken from it once underflowed, found by the build_roundtrip fuzzer).
+        let (_dir, mut s) = store(true)?;
+        let a = noise(1000, 4);
+        s.add(&a[900..])?;
+        s.add(&a)?;
+        assert_eq!((s.deduped, s.suffix_deduped), (0, 0));
+        assert_eq!(s.finish().offsets, vec![0, 100]);
         Ok(())
     }
 

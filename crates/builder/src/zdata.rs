@@ -1898,8 +1898,8 @@ fn split_at_common_end(
         pos += out.0;
     }
     let rest = m - pos as u64;
-    // The rest is searched for by its last 64 bytes, and kept as a copy within the
-    // packed codec's reach.
+    // The fragment store finds the rest by its last 64 bytes, and only beyond the
+    // packed codec's reach (within it the rest would be stored again).
     if rest < crate::frag::SUFFIX_KEY || gap + rest <= fs.suffix_reach() {
         return Ok(None);
     }
@@ -1936,7 +1936,6 @@ fn finish_with_fragment(
     if let Some((head, at)) = split_at_common_end(f, &last, c, re, fs, bits)? {
         // The head of the fragment goes to pclusters of the file's own; the rest is the
         // end of an earlier fragment, which the fragment store finds below.
-        let n = head.len();
         let ends: Vec<u64> = head
             .iter()
             .skip(1)
@@ -1947,7 +1946,6 @@ fn finish_with_fragment(
             let len = end - piece.lstart;
             write_piece(piece, len, &mut p, out, bits, next_blk, pcl.as_deref_mut())?;
         }
-        debug_assert!(n > 0);
         last = Piece {
             lstart: last.lstart + at as u64,
             bytes: last.bytes[at..].to_vec(),

@@ -115,11 +115,12 @@ struct Seen {
     ends: HashMap<u64, Vec<usize>>,
 }
 
-/// Where a fragment that is not a duplicate of a whole one is recorded once it is
-/// stored: by its length alone, or by its hash and length.
-enum Record {
-    Unhashed,
-    Hashed(u128),
+/// How a fragment that is not a duplicate is recorded once it is stored: by its length
+/// alone or by its hash and length (whole-fragment dedupe), and by the key of its end
+/// when it takes part in the search by end (read once, for the search and the record).
+struct Record {
+    hash: Option<u128>,
+    end: Option<u64>,
 }
 
 /// Bytes at the end of a fragment that key the search for an earlier fragment it is
@@ -200,6 +201,11 @@ impl Drop for DropBeside {
             let _ = h.join();
         }
     }
+}
+
+/// The key of a fragment's end (its last [`SUFFIX_KEY`] bytes) in the search by end.
+fn end_key_of(end: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(end)
 }
 
 /// The hash fragment dedupe keys fragments by (with their length).
@@ -325,7 +331,7 @@ impl FragStore {
                 }
                 Ok(at)
             }
-            Ok(Err(record)) => self.record(&mut seen, record, entry, off, len, hash),
+            Ok(Err(record)) => Ok(self.record(&mut seen, record, entry, off, len, hash)),
             Err(e) => Err(e),
         };
         self.seen = Some(seen);
@@ -342,26 +348,30 @@ impl FragStore {
         len: u64,
         hash: Option<u128>,
     ) -> Result<std::result::Result<(u64, bool), Record>> {
-        match self.dedupe(seen, off, len, hash)? {
-            Ok(at) => Ok(Ok((at, false))),
-            Err(record) => Ok(self
-                .suffix_of(seen, off, len)?
-                .map(|at| (at, true))
-                .ok_or(record)),
+        let hash = match self.dedupe(seen, off, len, hash)? {
+            Ok(at) => return Ok(Ok((at, false))),
+            Err(h) => h,
+        };
+        let end = self.end_key(off, len)?;
+        if let Some(key) = end {
+            if let Some(at) = self.suffix_of(seen, off, len, key)? {
+                return Ok(Ok((at, true)));
+            }
         }
+        Ok(Err(Record { hash, end }))
     }
 
-    /// Where an earlier fragment equal to spool range `[off, off+len)` starts, or how
-    /// to record the range if none is.
+    /// Where an earlier fragment equal to spool range `[off, off+len)` starts, or the
+    /// range's hash if it was needed (None: no earlier fragment has its length).
     fn dedupe(
         &self,
         seen: &mut Seen,
         off: u64,
         len: u64,
         hash: Option<u128>,
-    ) -> Result<std::result::Result<u64, Record>> {
+    ) -> Result<std::result::Result<u64, Option<u128>>> {
         let Some(waiting) = seen.unhashed.get_mut(&len) else {
-            return Ok(Err(Record::Unhashed));
+            return Ok(Err(None));
         };
         for e in std::mem::take(waiting) {
             let h = match self.entries[e].hash {
@@ -379,17 +389,14 @@ impl FragStore {
                 return Ok(Ok(self.entries[c].off));
             }
         }
-        Ok(Err(Record::Hashed(h)))
+        Ok(Err(Some(h)))
     }
 
     /// Where the end of an earlier, longer fragment equal to spool range
     /// `[off, off+len)` starts, if there is one (mkfs.erofs finds the same: two
     /// versions of a file, static libraries built from the same objects).
-    fn suffix_of(&self, seen: &Seen, off: u64, len: u64) -> Result<Option<u64>> {
-        if len < SUFFIX_KEY || self.suffix_reach == u64::MAX {
-            return Ok(None);
-        }
-        let key = self.end_key(off, len)?;
+    /// `key` is the range's [`FragStore::end_key`].
+    fn suffix_of(&self, seen: &Seen, off: u64, len: u64, key: u64) -> Result<Option<u64>> {
         for &c in seen
             .ends
             .get(&key)
@@ -417,13 +424,10 @@ impl FragStore {
     /// data that fragment ends. Without dedupe by suffix: (0, 0).
     pub fn common_end(&self, bytes: &[u8]) -> Result<(u64, u64)> {
         let n = bytes.len() as u64;
-        let Some(seen) = self.seen.as_ref() else {
+        let Some(seen) = self.seen.as_ref().filter(|_| self.by_end(n)) else {
             return Ok((0, 0));
         };
-        if n < SUFFIX_KEY || self.suffix_reach == u64::MAX {
-            return Ok((0, 0));
-        }
-        let key = xxhash_rust::xxh3::xxh3_64(&bytes[(n - SUFFIX_KEY) as usize..]);
+        let key = end_key_of(&bytes[(n - SUFFIX_KEY) as usize..]);
         let mut best = (0, 0);
         let mut buf = Vec::new();
         for &c in seen.ends.get(&key).map_or(&[][..], Vec::as_slice) {
@@ -461,11 +465,20 @@ impl FragStore {
         self.suffix_reach
     }
 
-    /// The key of the end of packed range `[off, off+len)` (len >= SUFFIX_KEY).
-    fn end_key(&self, off: u64, len: u64) -> Result<u64> {
+    /// Whether fragments of `len` bytes take part in the search by end.
+    fn by_end(&self, len: u64) -> bool {
+        len >= SUFFIX_KEY && self.suffix_reach != u64::MAX
+    }
+
+    /// The key of the end of packed range `[off, off+len)`, when it takes part in the
+    /// search by end.
+    fn end_key(&self, off: u64, len: u64) -> Result<Option<u64>> {
+        if !self.by_end(len) {
+            return Ok(None);
+        }
         let mut b = [0u8; SUFFIX_KEY as usize];
         self.read_at(&mut b, off + len - SUFFIX_KEY)?;
-        Ok(xxhash_rust::xxh3::xxh3_64(&b))
+        Ok(Some(end_key_of(&b)))
     }
 
     /// Store range `[off, off+len)` as entry `entry`, known to dedupe as `record` says;
@@ -478,20 +491,20 @@ impl FragStore {
         off: u64,
         len: u64,
         hash: Option<u128>,
-    ) -> Result<u64> {
-        match record {
-            Record::Unhashed => seen.unhashed.entry(len).or_default().push(entry),
-            Record::Hashed(h) => seen.hashed.entry((h, len)).or_default().push(entry),
+    ) -> u64 {
+        match record.hash {
+            None => seen.unhashed.entry(len).or_default().push(entry),
+            Some(h) => seen.hashed.entry((h, len)).or_default().push(entry),
         }
-        if len >= SUFFIX_KEY && self.suffix_reach != u64::MAX {
-            let v = seen.ends.entry(self.end_key(off, len)?).or_default();
+        if let Some(key) = record.end {
+            let v = seen.ends.entry(key).or_default();
             if v.len() == SUFFIX_CANDIDATES {
                 v.remove(0);
             }
             v.push(entry);
         }
         self.entries.push(Entry { off, len, hash });
-        Ok(off)
+        off
     }
 
     /// Store a whole fragment.
@@ -597,6 +610,7 @@ fn read_exact(f: &File, path: &Path, buf: &mut [u8], off: u64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferofs_testkit::noise;
 
     /// A fragment store on a spool in a fresh temporary directory (kept alive by the
     /// returned guard).
@@ -610,19 +624,6 @@ mod tests {
             tempfile::NamedTempFile::new_in(dir.path()).map_err(io_err(dir.path(), "spool"))?;
         let s = FragStore::new(spool, dedupe, reach)?;
         Ok((dir, s))
-    }
-
-    /// `n` bytes that repeat nowhere within them.
-    fn noise(n: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
     }
 
     #[test]

@@ -467,15 +467,7 @@ mod tests {
 
     #[test]
     fn anchors_depend_only_on_the_last_256_bytes_at_one_alignment() {
-        let mut x = 1u64;
-        let data: Vec<u8> = (0..200_000)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let data = ferofs_testkit::noise(200_000, 1);
         // A copy shifted by a multiple of 4 has the same anchors past its first 256 bytes.
         let a = anchors(&data[1000..]);
         let b = anchors(&data[4..]);

@@ -418,16 +418,17 @@ fn compress_segment(
     })
 }
 
-/// The codec (and its probe) for a job's algorithm and pcluster size, made on first use.
+/// The codec (and its probe) for an algorithm and pcluster size, made on first use.
 fn codec<'c>(
     comps: &'c mut Codecs,
     c: &Compression,
-    job: &Job,
+    alg: usize,
+    pcluster: u32,
 ) -> Result<&'c mut (Box<dyn FixedOutputCompressor>, Probe)> {
-    match comps.entry((job.alg, job.pcluster)) {
+    match comps.entry((alg, pcluster)) {
         std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
         std::collections::hash_map::Entry::Vacant(e) => {
-            let comp = new_compressor(&c.algorithms[job.alg], c.max_pcluster())
+            let comp = new_compressor(&c.algorithms[alg], c.max_pcluster())
                 .map_err(|e| BuildError::Options(e.to_string()))?;
             let probe = Probe::new(comp.algorithm());
             Ok(e.insert((comp, probe)))
@@ -446,7 +447,7 @@ fn compress_data(
     bs: u64,
 ) -> Result<(Vec<Piece>, u64)> {
     let len = data.len();
-    let (comp, probe) = codec(comps, c, job)?;
+    let (comp, probe) = codec(comps, c, job.alg, job.pcluster)?;
     // Each segment starts from the same compressor state, whichever worker ran what
     // before: the output must not depend on the thread count or on scheduling.
     comp.begin_stream();
@@ -664,7 +665,7 @@ impl Recompress<'_> {
     /// not compress then still takes one extent (with about the blocks it takes raw),
     /// where one block a piece would put two extent heads in one lcluster.
     fn one_piece(&mut self, job: &Job, data: &[u8], start: u64) -> Result<Option<Piece>> {
-        let (comp, _) = codec(self.comps, self.c, job)?;
+        let (comp, _) = codec(self.comps, self.c, job.alg, job.pcluster)?;
         comp.begin_stream();
         let cap = job.pcluster as usize;
         if self.dst.len() < cap {
@@ -1838,22 +1839,7 @@ fn split_at_common_end(
     }
     let head_len = (m - shared) as usize;
     let (alg, pcluster) = policy(c, &f.rel);
-    let job = Job {
-        file: 0,
-        src: f.src.clone(),
-        size: f.size,
-        start: last.lstart,
-        end: f.size,
-        alg,
-        pcluster,
-        whole: false,
-        last: false,
-        frag: FragMode::None,
-        shift: false,
-        hash_frag: false,
-        spool: None,
-    };
-    let (comp, _) = codec(re.comps, c, &job)?;
+    let (comp, _) = codec(re.comps, c, alg, pcluster)?;
     let bs = 1usize << bits;
     let pcl = pcluster as usize;
     if re.dst.len() < pcl {

@@ -834,25 +834,51 @@ fn a_fragment_tail_longer_than_12_mib_reads_back() {
     }
 }
 
+/// A scratch directory with the tree `src` holding `a/NAME` and `b/NAME` (a's fragment
+/// comes first in inode order).
+fn tree_of_two(
+    name: &str,
+    a: (&str, &[u8]),
+    b: (&str, &[u8]),
+) -> (tempfile::TempDir, std::path::PathBuf) {
+    let d = scratch(name);
+    let src = d.path().join("src");
+    for (sub, (file, data)) in [("a", a), ("b", b)] {
+        std::fs::create_dir_all(src.join(sub)).expect("mkdir");
+        std::fs::write(src.join(sub).join(file), data).expect("write");
+    }
+    (d, src)
+}
+
+/// How a file that ends in a fragment is stored (`ferofs stat`): the kinds of its
+/// extents before the fragment, the fragment's offset in the packed inode, its length.
+fn fragment_layout(img: &Path, p: &str) -> (Vec<String>, u64, u64) {
+    let st = json(&ok(&[&"stat", &"--json", &img, &p]));
+    let size = st["size"].as_u64().expect("size");
+    let ext = st["extents"].as_array().expect("extents");
+    let (last, before) = ext.split_last().expect("an extent");
+    assert_eq!(last["kind"], "plain fragment", "{p}: {st}");
+    let logical = last["logical"].as_u64().expect("logical");
+    let off = last["fragment_offset"].as_u64().expect("fragment offset");
+    let kinds = before
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap_or("?").to_string())
+        .collect();
+    (kinds, off, size - logical)
+}
+
 /// A file whose tail fragment is the end of an earlier, longer fragment points into it
 /// (as mkfs.erofs does), where the packed inode's codec could not reach the copy: LZ4's
 /// 64 KiB window. With zstd, which sees a whole pcluster's input, it is stored again.
 #[test]
 fn a_fragment_equal_to_the_end_of_an_earlier_one_is_not_stored_again() {
-    let d = scratch("packed-suffix");
-    let src = d.path().join("src");
-    for sub in ["a", "b"] {
-        std::fs::create_dir_all(src.join(sub)).expect("mkdir");
-    }
     let big = Rng(41).text(200_000);
-    std::fs::write(src.join("a/big"), &big).expect("write");
-    std::fs::write(src.join("b/end"), &big[100_000..]).expect("write");
+    let (d, src) = tree_of_two("packed-suffix", ("big", &big), ("end", &big[100_000..]));
+    // Each file is one fragment.
     let frag_off = |img: &Path, p: &str| -> u64 {
-        let st = json(&ok(&[&"stat", &"--json", &img, &p]));
-        let ext = st["extents"].as_array().expect("extents");
-        assert_eq!(ext.len(), 1, "{p}: {st}");
-        assert_eq!(ext[0]["kind"], "plain fragment", "{p}: {st}");
-        ext[0]["fragment_offset"].as_u64().expect("fragment offset")
+        let (before, off, _) = fragment_layout(img, p);
+        assert!(before.is_empty(), "{p}: {before:?}");
+        off
     };
     for (z, shared) in [
         ("lz4", true),
@@ -896,27 +922,15 @@ fn a_fragment_equal_to_the_end_of_an_earlier_one_is_not_stored_again() {
 /// points into the earlier fragment.
 #[test]
 fn a_fragment_sharing_an_earlier_ones_end_keeps_its_head_in_pclusters() {
-    let d = scratch("packed-common-end");
-    let src = d.path().join("src");
-    for sub in ["a", "b"] {
-        std::fs::create_dir_all(src.join(sub)).expect("mkdir");
-    }
     let a = Rng(51).text(600_000);
     let mut b = Rng(52).text(60_000);
     b.extend_from_slice(&a[380_000..]);
-    std::fs::write(src.join("a/one"), &a).expect("write");
-    std::fs::write(src.join("b/two"), &b).expect("write");
-    // (extents before the fragment, the fragment's offset and length)
+    let (d, src) = tree_of_two("packed-common-end", ("one", &a), ("two", &b));
+    // (LZ4 pclusters before the fragment, the fragment's offset and length)
     let layout = |img: &Path, p: &str| -> (usize, u64, u64) {
-        let st = json(&ok(&[&"stat", &"--json", &img, &p]));
-        let size = st["size"].as_u64().expect("size");
-        let ext = st["extents"].as_array().expect("extents");
-        let (last, before) = ext.split_last().expect("an extent");
-        assert_eq!(last["kind"], "plain fragment", "{p}: {st}");
-        let logical = last["logical"].as_u64().expect("logical");
-        let off = last["fragment_offset"].as_u64().expect("fragment offset");
-        assert!(before.iter().all(|e| e["kind"] == "lz4"), "{p}: {st}");
-        (before.len(), off, size - logical)
+        let (before, off, len) = fragment_layout(img, p);
+        assert!(before.iter().all(|k| k == "lz4"), "{p}: {before:?}");
+        (before.len(), off, len)
     };
     let img = d.path().join("lz4.erofs");
     let args = ["-z", "lz4", "-C", "131072", "-E", "smallest"];

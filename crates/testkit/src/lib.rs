@@ -8,6 +8,7 @@
 //! - [`make_tree`] runs `make-tree.py` (the tree with every hard case) on a tmpfs.
 //! - [`digest`] runs `make-tree.py --digest`, [`treecmp`] the detailed comparison.
 //! - [`golden`] decompresses a golden image into `target/golden/` once.
+//! - [`noise`] makes seeded bytes that repeat nowhere (xorshift).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -193,6 +194,20 @@ pub fn assert_same_tree(expected: &Path, actual: &Path) {
             treecmp(expected, actual)
         );
     }
+}
+
+/// `n` seeded pseudo-random bytes (xorshift64, state `seed | 1`): no stretch of them
+/// repeats, so they neither compress nor dedupe by accident.
+pub fn noise(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
 }
 
 /// A golden image from `shared/testdata/erofs-utils-1.9.3/NAME.erofs.zst` (or any

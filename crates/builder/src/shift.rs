@@ -111,11 +111,14 @@ fn scan(data: &[u8], from: usize, cap: usize) -> Anchors {
     v
 }
 
+/// Stretches [`anchors`] hashes side by side.
+const LANES: usize = 4;
+
 /// Anchor positions of `data` (index of the anchor's last byte: 3 modulo 4, at least
 /// 255) and their hashes, in order; at most one in `MAX_ANCHOR_DENSITY` bytes.
 ///
-/// A hash depends on the 64 words before it only, so the two halves of `data` are
-/// hashed side by side, the second started 63 words early: two independent chains,
+/// A hash depends on the 64 words before it only, so `data` is cut into [`LANES`]
+/// stretches hashed side by side, each started 63 words early: independent chains,
 /// which the CPU runs in parallel, with the result of one.
 pub fn anchors(data: &[u8]) -> Anchors {
     let cap = data.len() / MAX_ANCHOR_DENSITY + 16;
@@ -129,42 +132,47 @@ pub fn anchors(data: &[u8]) -> Anchors {
             .and_then(|c| <[u8; WORD]>::try_from(c).ok())
             .map_or(0, |c| u64::from(u32::from_le_bytes(c)))
     };
-    // Anchor candidates: words 63..words, split in two stretches.
+    // Anchor candidates: words 63..words, cut into LANES stretches (the last ones may
+    // be shorter, or empty).
     let first = WINDOW_WORDS - 1;
-    let half = (words - first).div_ceil(2);
-    let starts = [first, (first + half).min(words)];
-    let ends = [starts[1], words];
-    let mut h = [0u64; 2];
-    for l in 0..2 {
+    let per = (words - first).div_ceil(LANES);
+    let starts: [usize; LANES] = std::array::from_fn(|l| (first + l * per).min(words));
+    let ends: [usize; LANES] = std::array::from_fn(|l| (first + (l + 1) * per).min(words));
+    let mut h = [0u64; LANES];
+    for l in 0..LANES {
         for i in starts[l] + 1 - WINDOW_WORDS..starts[l] {
             h[l] = (h[l] << 1).wrapping_add(word_term(word(i), k));
         }
     }
-    let mut found: [Anchors; 2] = Default::default();
-    let (a, b) = (
-        data.get(WORD * starts[0]..WORD * ends[0]).unwrap_or(&[]),
-        data.get(WORD * starts[1]..).unwrap_or(&[]),
-    );
-    let (mut h0, mut h1) = (h[0], h[1]);
-    let mut n = 0usize;
-    for (i, (c0, c1)) in a.chunks_exact(WORD).zip(b.chunks_exact(WORD)).enumerate() {
-        let w0 = <[u8; WORD]>::try_from(c0).map_or(0, u32::from_le_bytes);
-        let w1 = <[u8; WORD]>::try_from(c1).map_or(0, u32::from_le_bytes);
-        h0 = (h0 << 1).wrapping_add(word_term(u64::from(w0), k));
-        h1 = (h1 << 1).wrapping_add(word_term(u64::from(w1), k));
-        if is_anchor(h0.min(h1)) {
-            for (l, hl) in [h0, h1].into_iter().enumerate() {
+    let mut found: [Anchors; LANES] = Default::default();
+    let lane = |l: usize| data.get(WORD * starts[l]..WORD * ends[l]).unwrap_or(&[]);
+    // All lanes side by side for as many words as the shortest has.
+    let n = (0..LANES).map(|l| ends[l] - starts[l]).min().unwrap_or(0);
+    let (s0, s1, s2, s3) = (lane(0), lane(1), lane(2), lane(3));
+    let w = |c: &[u8]| u64::from(<[u8; WORD]>::try_from(c).map_or(0, u32::from_le_bytes));
+    for (i, (((c0, c1), c2), c3)) in s0
+        .chunks_exact(WORD)
+        .zip(s1.chunks_exact(WORD))
+        .zip(s2.chunks_exact(WORD))
+        .zip(s3.chunks_exact(WORD))
+        .take(n)
+        .enumerate()
+    {
+        h[0] = (h[0] << 1).wrapping_add(word_term(w(c0), k));
+        h[1] = (h[1] << 1).wrapping_add(word_term(w(c1), k));
+        h[2] = (h[2] << 1).wrapping_add(word_term(w(c2), k));
+        h[3] = (h[3] << 1).wrapping_add(word_term(w(c3), k));
+        if is_anchor(h[0].min(h[1]).min(h[2].min(h[3]))) {
+            for (l, &hl) in h.iter().enumerate() {
                 // Each stretch keeps at most `cap`: the first `cap` of all lie among those.
                 if is_anchor(hl) && found[l].len() < cap {
                     found[l].push(((WORD * (starts[l] + i) + WORD - 1) as u32, hl));
                 }
             }
         }
-        n = i + 1;
     }
-    // The longer first stretch (or an odd word) finishes alone.
-    let mut hh = [h0, h1];
-    for (l, hl) in hh.iter_mut().enumerate() {
+    // The longer stretches finish alone.
+    for (l, hl) in h.iter_mut().enumerate() {
         for i in starts[l] + n..ends[l] {
             *hl = (*hl << 1).wrapping_add(word_term(word(i), k));
             if is_anchor(*hl) && found[l].len() < cap {
@@ -494,7 +502,7 @@ mod tests {
     }
 
     #[test]
-    fn two_stretches_give_the_serial_anchors() {
+    fn stretches_side_by_side_give_the_serial_anchors() {
         let mut x = 12345u64;
         let data: Vec<u8> = (0..300_000)
             .map(|_| {
@@ -504,7 +512,10 @@ mod tests {
                 (x >> 33) as u8
             })
             .collect();
-        for len in [0, 3, 255, 256, 259, 260, 261, 1000, 4099, 65_536, 300_000] {
+        for len in [
+            0, 3, 255, 256, 259, 260, 261, 263, 264, 267, 268, 271, 272, 1000, 4099, 65_536,
+            300_000,
+        ] {
             let cap = len / MAX_ANCHOR_DENSITY + 16;
             assert_eq!(
                 anchors(&data[..len]),

@@ -464,9 +464,12 @@ fn compress_data(
         ferofs_compress::Encoder::Lzma => pcl / 4 * FAST_TRY_ROOM_QUARTERS_LZMA,
         _ => pcl / 4 * FAST_TRY_ROOM_QUARTERS,
     };
-    // The worker's output buffer, reused: zeroed only when it grows.
-    if dst.len() < pcl.max(try_room) {
-        dst.resize(pcl.max(try_room), 0);
+    // The worker's output buffer, reused: zeroed only when it grows. Behind the room
+    // for a pcluster (or the try), a pcluster's room for a refit, which may leave its
+    // room in any state when it fails: the pcluster it would replace stays intact.
+    let room = pcl.max(try_room);
+    if dst.len() < room + pcl {
+        dst.resize(room + pcl, 0);
     }
     let buf = &mut dst[..];
     let mut pieces = Vec::new();
@@ -567,7 +570,8 @@ fn compress_data(
             fed -= skip as u64;
             continue;
         }
-        let dst = &mut buf[..pcl];
+        let (head, spare) = buf.split_at_mut(room);
+        let dst = &mut head[..pcl];
         let src = &data[pos..len.min(pos + MAX_EXTENT_INPUT)];
         let (mut consumed, mut written) = comp.compress_destsize(src, dst);
         let bu = bsz;
@@ -581,9 +585,13 @@ fn compress_data(
             // The end of the file would leave its last block part empty: fill whole
             // blocks instead and leave the rest to an inline tail (mkfs.erofs does the
             // same). If that tail does not fit inline it takes the block saved here.
-            let (c2, w2) = comp.refit(&src[..consumed], &mut dst[..written / bu * bu], written);
+            let refit = &mut spare[..written / bu * bu];
+            let (c2, w2) = comp.refit(&src[..consumed], refit, written);
             if c2 > 0 && w2 > 0 && c2 < consumed && (len - pos - c2) as u64 > 0 {
-                (consumed, written) = (c2, w2);
+                if let (Some(to), Some(from)) = (dst.get_mut(..w2), refit.get(..w2)) {
+                    to.copy_from_slice(from);
+                    (consumed, written) = (c2, w2);
+                }
             }
         }
         let stored = (written as u64).div_ceil(bs) * bs;

@@ -102,3 +102,60 @@ fn root_xattrs_longer_than_a_block() -> Res {
     }
     Ok(())
 }
+
+/// A file whose end fills its last pcluster's blocks only in part is compressed again
+/// into whole blocks (ztailpacking). When that refit failed, the pcluster stored was
+/// what the failed attempt had left in the buffer, not the first compression: zstd's
+/// refit of 32 KiB and more goes piece by piece into the same buffer, so the image's
+/// last pcluster decoded to fewer bytes than its extent (fsck.erofs: "ZSTD decompress
+/// length mismatch", the kernel: EUCLEAN). Found as 44 KiB of noise written twice
+/// (the second copy compresses, the refit finds nothing shorter that fits).
+#[test]
+fn failed_refit_keeps_the_pcluster_it_would_replace() -> Res {
+    // The fuzz target's noise, with its seed for this input.
+    let mut x = 177u64 << 32 | 177 | 1;
+    let half: Vec<u8> = (0..45_312)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    let mut data = half.clone();
+    data.extend_from_slice(&half);
+    let mut tar = header("f", 0o644, data.len(), b'0').to_vec();
+    tar.extend_from_slice(&data);
+    pad(&mut tar);
+    tar.extend_from_slice(&[0u8; 1024]);
+    let dir = tempfile::tempdir()?;
+    for level in [3, 13] {
+        for pcluster in [65_536u32, 131_072] {
+            for bs in [1024u32, 4096] {
+                let spec = ferofs_compress::CompressorSpec::parse(&format!("zstd,level={level}"))?;
+                let opts = BuildOptions {
+                    block_size: bs,
+                    compression: Some(Compression {
+                        algorithms: vec![spec],
+                        pcluster_size: pcluster,
+                        ztailpacking: true,
+                        hints: Vec::new(),
+                    }),
+                    threads: 1,
+                    ..Default::default()
+                };
+                let what = format!("zstd {level}, pcluster {pcluster}, block {bs}");
+                let (src, out) = (dir.path().join("in.tar"), dir.path().join("out.erofs"));
+                std::fs::write(&src, &tar)?;
+                build_from_tars(&[TarInput::File(src)], &out, &opts)?;
+                // zstd needs an fsck.erofs newer than Debian 12's 1.5.
+                ferofs_testkit::fsck_metabox(&out, &what);
+                let img = Image::open(&out)?;
+                let f = img.lookup(b"/f")?;
+                let back = img.read_to_vec(&f).map_err(|e| format!("{what}: {e}"))?;
+                assert!(back == data, "{what}: contents differ");
+            }
+        }
+    }
+    Ok(())
+}

@@ -795,15 +795,7 @@ mod tests {
     use object_store::PutPayload;
 
     fn pseudo(n: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
+        ferofs_testkit::noise(n, seed.wrapping_mul(0x9E37_79B9_7F4A_7C15))
     }
 
     fn store_with(data: &[u8]) -> (Arc<InMemory>, ObjPath) {

@@ -126,13 +126,14 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
     }
     let threads = o.worker_threads();
     // Per file: what goes to the packed inode.
-    let frag_modes: Vec<FragMode> = files
+    let mut frag_modes: Vec<FragMode> = files
         .iter()
         .map(|&(id, nd, _, size)| match &o.compression {
             Some(c) => frag_mode(o, c, &nd.rel, size, listed[id]),
             None => FragMode::None,
         })
         .collect();
+    group_common_names(&mut files, &mut frag_modes);
     // Per file (index in `files`): the earlier file it duplicates. Files that go to
     // the packed inode whole are left to fragment dedupe, which finds the same
     // duplicates (equal fragments share one offset, the same layout a duplicate
@@ -242,6 +243,49 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
     // Files stored without compressing them (small, holes, no gain) count here.
     progress.finish();
     Ok(placed)
+}
+
+/// A file name this many files that go whole to the packed inode share makes a group.
+pub const COMMON_NAME_MIN: usize = 8;
+
+/// Files that go whole to the packed inode under a name at least [`COMMON_NAME_MIN`]
+/// of them share (`copyright` of every Debian package, `__init__.py`, `Makefile`,
+/// `Kconfig`) move behind all other files, grouped by name, each group in inode order.
+/// Such files are often alike (licence texts, boilerplate) but sit in directories far
+/// apart; side by side, the packed inode's codec finds one in the next. Every other
+/// file keeps its place, and only the packed inode's data changes order: these files
+/// have no data outside it. Measured with `-E smallest` at 128 KiB (see
+/// docs/benchmarks.md): rootfs lz4 -0.70 %, zstd 3 -1.68 %; linux lz4 -0.21 %, zstd 3
+/// -0.05 %. Grouping every file by type instead lost 1.2 % on the linux tree.
+fn group_common_names(
+    files: &mut Vec<(usize, &crate::scan::Node, &Source, u64)>,
+    modes: &mut Vec<FragMode>,
+) {
+    fn name(rel: &[u8]) -> &[u8] {
+        match rel.iter().rposition(|&b| b == b'/') {
+            Some(i) => &rel[i + 1..],
+            None => rel,
+        }
+    }
+    let mut count: std::collections::HashMap<&[u8], usize> = Default::default();
+    for (f, m) in files.iter().zip(modes.iter()) {
+        if *m == FragMode::Whole {
+            *count.entry(name(&f.1.rel)).or_default() += 1;
+        }
+    }
+    let common = |k: usize| {
+        modes[k] == FragMode::Whole
+            && count.get(name(&files[k].1.rel)).copied().unwrap_or(0) >= COMMON_NAME_MIN
+    };
+    let (mut moved, keep): (Vec<usize>, Vec<usize>) = (0..files.len()).partition(|&k| common(k));
+    if moved.is_empty() {
+        return;
+    }
+    // Stable: inode order inside a group.
+    moved.sort_by_key(|&k| name(&files[k].1.rel));
+    let order: Vec<usize> = keep.into_iter().chain(moved).collect();
+    *files = order.iter().map(|&k| files[k]).collect();
+    *modes = order.iter().map(|&k| modes[k]).collect();
 }
 
 /// What part of a file of `size` bytes goes to the packed inode.

@@ -959,3 +959,73 @@ fn a_fragment_sharing_an_earlier_ones_end_keeps_its_head_in_pclusters() {
         image_blocks(&without)
     );
 }
+
+/// Files that go whole to the packed inode under a name many of them share (here 16
+/// `LICENSE`s, alike but not equal, each beside 70 KB of noise of its own name) sit side by side at the
+/// end of the packed inode, in inode order, where LZ4's 64 KiB window finds each in
+/// the one before. Under names of their own, the same files keep inode order and each
+/// is stored alone.
+#[test]
+fn files_sharing_a_common_name_sit_together_in_the_packed_inode() {
+    let d = scratch("packed-common-names");
+    let base = noise(6_000, 61);
+    let make = |root: &Path, unique: bool| {
+        for i in 0..16u8 {
+            let dir = root.join(format!("d{i:02}"));
+            std::fs::create_dir_all(&dir).expect("mkdir");
+            let mut lic = base.clone();
+            lic[100 + usize::from(i) * 7] ^= 0x5a;
+            let name = if unique {
+                format!("LICENSE-{i:02}")
+            } else {
+                "LICENSE".to_string()
+            };
+            std::fs::write(dir.join(name), &lic).expect("write");
+            let blob = noise(70_000, (u64::from(i) + 1) << 20);
+            std::fs::write(dir.join(format!("blob-{i:02}")), blob).expect("write");
+        }
+    };
+    let (shared, unique) = (d.path().join("shared"), d.path().join("unique"));
+    make(&shared, false);
+    make(&unique, true);
+    let args = ["-z", "lz4", "-C", "131072", "-E", "smallest"];
+    let img = d.path().join("shared.erofs");
+    roundtrip(&shared, &img, d.path(), "lz4", &args);
+    let alone = d.path().join("unique.erofs");
+    roundtrip(&unique, &alone, d.path(), "lz4", &args);
+    // (offset, length) of each file's fragment; the files are fragments whole.
+    let frag = |img: &Path, p: String| -> (u64, u64) {
+        let (before, off, len) = fragment_layout(img, &p);
+        assert!(before.is_empty(), "{p}: {before:?}");
+        (off, len)
+    };
+    let lics: Vec<(u64, u64)> = (0..16)
+        .map(|i| frag(&img, format!("/d{i:02}/LICENSE")))
+        .collect();
+    let blobs_end = (0..16)
+        .map(|i| {
+            let (o, l) = frag(&img, format!("/d{i:02}/blob-{i:02}"));
+            o + l
+        })
+        .max()
+        .expect("16 blobs");
+    assert_eq!(
+        lics[0].0, blobs_end,
+        "the group follows every other fragment"
+    );
+    for w in lics.windows(2) {
+        assert_eq!(w[1].0, w[0].0 + w[0].1, "{lics:?}");
+    }
+    // Under names of their own: inode order, each licence before its blob.
+    let (first, _) = frag(&alone, "/d00/LICENSE-00".into());
+    let (blob0, _) = frag(&alone, "/d00/blob-00".into());
+    assert_eq!((first, blob0), (0, 6_000));
+    // Alone, each noisy licence costs its 6,000 bytes (23 blocks for 16); together
+    // little more than one does (pcluster ends and the longer names take some back).
+    assert!(
+        image_blocks(&img) + 12 <= image_blocks(&alone),
+        "{} blocks grouped, {} under names of their own",
+        image_blocks(&img),
+        image_blocks(&alone)
+    );
+}

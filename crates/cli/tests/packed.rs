@@ -155,7 +155,8 @@ impl Rng {
 }
 
 /// A tree of many small files (text and random, 0..3 blocks), many exact copies of a
-/// few of them (in other directories, some with xattrs or other owners), files longer
+/// few of them (in other directories, some with xattrs or other owners), ten small
+/// files under one name in directories of their own (a name group), files longer
 /// than a big pcluster that share a prefix, a file of zeros and a sparse file.
 fn gen(root: &Path, seed: u64) {
     let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
@@ -196,6 +197,22 @@ fn gen(root: &Path, seed: u64) {
                 std::os::unix::fs::chown(&p, Some(1000), Some(1000)).expect("chown");
             }
         }
+    }
+    // Ten small files under one name: a group behind the other fragments.
+    for k in 0..10 {
+        let dir = root.join(format!("n{k}"));
+        std::fs::create_dir(&dir).expect("mkdir");
+        let mut notice = b"NOTICE: ".to_vec();
+        let n = r.below(3000) as usize;
+        notice.extend(r.text(n));
+        if k % 4 == 3 {
+            let n = r.below(2000) as usize;
+            notice.extend(r.random(n));
+        }
+        std::fs::write(dir.join("NOTICE"), &notice).expect("write");
+        // A neighbour of its own: in inode order it would follow its NOTICE.
+        let n = 1 + r.below(900) as usize;
+        std::fs::write(dir.join(format!("x{k}.txt")), r.text(n)).expect("write");
     }
     let big = r.text(3 << 20);
     std::fs::write(root.join("big1.txt"), &big).expect("write");
@@ -252,6 +269,17 @@ fn packed_images_are_identical_for_any_thread_count() {
                 &img,
                 &["-z", "lz4hc", "-C", "65536", "-E", e, "-j", j],
             );
+            // The NOTICE group sits back to back in the packed inode, in inode order.
+            let notices: Vec<(u64, u64)> = (0..10)
+                .map(|k| {
+                    let (before, off, len) = fragment_layout(&img, &format!("/n{k}/NOTICE"));
+                    assert!(before.is_empty(), "-E {e}: n{k}: {before:?}");
+                    (off, len)
+                })
+                .collect();
+            for w in notices.windows(2) {
+                assert_eq!(w[1].0, w[0].0 + w[0].1, "-E {e}: {notices:?}");
+            }
             let bytes = std::fs::read(&img).expect("read");
             match &first {
                 None => first = Some(bytes),

@@ -113,15 +113,7 @@ fn root_xattrs_longer_than_a_block() -> Res {
 #[test]
 fn failed_refit_keeps_the_pcluster_it_would_replace() -> Res {
     // The fuzz target's noise, with its seed for this input.
-    let mut x = 177u64 << 32 | 177 | 1;
-    let half: Vec<u8> = (0..45_312)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect();
+    let half = ferofs_testkit::noise_bits24(45_312, 177u64 << 32 | 177 | 1);
     let mut data = half.clone();
     data.extend_from_slice(&half);
     let mut tar = header("f", 0o644, data.len(), b'0').to_vec();

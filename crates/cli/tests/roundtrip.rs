@@ -6,8 +6,8 @@
 mod common;
 use common::*;
 use ferofs_testkit::{
-    assert_same_tree, fsck_erofs, fsck_erofs_if_supported, kernel_available, make_tree, Mount,
-    Tmpfs,
+    assert_same_tree, fsck_erofs, fsck_erofs_if_supported, kernel_available, make_tree,
+    noise_bits24, Mount, Tmpfs,
 };
 use std::process::Command;
 
@@ -277,15 +277,7 @@ fn failed_build_leaves_no_output() {
     let small = Tmpfs::new("1M");
     let src_fs = Tmpfs::new("16M");
     // Incompressible (xorshift), so the default compressed build cannot shrink it.
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let data: Vec<u8> = (0..4 << 20)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect();
+    let data = noise_bits24(4 << 20, 0x9e37_79b9_7f4a_7c15);
     std::fs::write(src_fs.path().join("big"), data).expect("write");
     let img = small.path().join("out.erofs");
     let out = ferofs()

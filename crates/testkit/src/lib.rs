@@ -210,6 +210,20 @@ pub fn noise(n: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// `n` bytes of xorshift64 from `state` as given (non-zero), each the generator's bits
+/// 24..32: the fuzz targets' noise, so a test can rebuild a fuzzer's input exactly.
+pub fn noise_bits24(n: usize, state: u64) -> Vec<u8> {
+    let mut x = state;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
 /// A golden image from `shared/testdata/erofs-utils-1.9.3/NAME.erofs.zst` (or any
 /// relative `.zst` path under testdata), decompressed once into `target/golden/`.
 pub fn golden(rel: &str) -> PathBuf {

@@ -19,11 +19,15 @@
 //! type first (+0.4 % with zstd and lz4hc), by path (+0.2 %) or by directory then type
 //! (+0.3 %). The exception is small files under a name many share (`copyright`,
 //! `__init__.py`, `Makefile`): they come last, grouped by name
-//! (`place::group_common_names`). The order is fixed by the tree alone, so the image
-//! does not depend on the thread count (only where the spool holds each fragment
-//! does).
+//! (`place::group_common_names`). Files alike in content are brought together too:
+//! each whole-file fragment the workers read gets a sketch of its line starts, and
+//! when all are in, [`FragStore::finish`] moves each cluster of alike fragments to
+//! where its first member is ([`crate::similar`]); fragment ids follow their bytes.
+//! The order is fixed by the tree alone, so the image does not depend on the thread
+//! count (only where the spool holds each fragment does).
 
 use crate::options::*;
+use crate::similar::Sketch;
 use crate::source::{Segment, Source};
 use std::collections::HashMap;
 use std::fs::File;
@@ -158,6 +162,9 @@ pub struct FragStore {
     /// The end of a longer fragment is used only from further back than this (bytes
     /// of packed data): how far back the packed inode's codec finds matches.
     suffix_reach: u64,
+    /// Content sketches of stored entries (entry index, sketch), in entry order: alike
+    /// ones are put side by side when the store is finished ([`crate::similar`]).
+    sketches: Vec<(u32, Sketch)>,
 }
 
 /// The packed inode's data, laid out.
@@ -245,6 +252,7 @@ impl FragStore {
             deduped: 0,
             suffix_deduped: 0,
             suffix_reach,
+            sketches: Vec::new(),
         })
     }
 
@@ -314,13 +322,25 @@ impl FragStore {
 
     /// Close the open fragment, whose xxh3-128 is `hash` when known; returns its id.
     pub fn end_hashed(&mut self, hash: Option<u128>) -> Result<usize> {
+        self.end_sketched(hash, None)
+    }
+
+    /// Close the open fragment, whose xxh3-128 is `hash` when known; with a `sketch`
+    /// of its contents, it may move beside alike fragments when the store is
+    /// finished. Returns its id.
+    pub fn end_sketched(&mut self, hash: Option<u128>, sketch: Option<Sketch>) -> Result<usize> {
         let Some(off) = self.open.take() else {
             return Err(BuildError::Options("internal: no open fragment".into()));
         };
         let len = self.len - off;
         let entry = self.entries.len();
+        // Only a fragment stored as an entry of its own (not a duplicate) keeps it.
+        let sketched = sketch
+            .filter(|_| len > 0)
+            .and_then(|s| Some((u32::try_from(entry).ok()?, s)));
         let Some(mut seen) = self.seen.take() else {
             self.entries.push(Entry { off, len, hash });
+            self.sketches.extend(sketched);
             self.ids.push(off);
             return Ok(self.ids.len() - 1);
         };
@@ -334,7 +354,10 @@ impl FragStore {
                 }
                 Ok(at)
             }
-            Ok(Err(record)) => Ok(self.record(&mut seen, record, entry, off, len, hash)),
+            Ok(Err(record)) => {
+                self.sketches.extend(sketched);
+                Ok(self.record(&mut seen, record, entry, off, len, hash))
+            }
             Err(e) => Err(e),
         };
         self.seen = Some(seen);
@@ -594,14 +617,88 @@ impl FragStore {
         self.ids.is_empty()
     }
 
-    /// The packed inode's data: ranges of the spool.
-    pub fn finish(self) -> Packed {
+    /// The packed inode's data: ranges of the spool, with alike sketched fragments
+    /// side by side.
+    pub fn finish(mut self) -> Packed {
+        if let Some(order) = crate::similar::order(self.entries.len(), &self.sketches) {
+            self.reorder(&order);
+        }
         Packed {
             size: self.len,
             offsets: self.ids,
             file: self.tmp,
             segs: self.segs.into(),
         }
+    }
+}
+
+impl FragStore {
+    /// Lay the entries out in `order` (a permutation of their indexes): the packed
+    /// data's segments follow, and every fragment id keeps pointing at the same bytes.
+    /// Leaves everything as it is when the entries are not back to back from 0 (they
+    /// always are) or `order` is no permutation.
+    fn reorder(&mut self, order: &[u32]) {
+        let n = self.entries.len();
+        let mut pos = 0u64;
+        for e in &self.entries {
+            if e.off != pos {
+                return;
+            }
+            pos += e.len;
+        }
+        if pos != self.len || order.len() != n {
+            return;
+        }
+        let mut seen = vec![false; n];
+        for &i in order {
+            match seen.get_mut(i as usize) {
+                Some(s) if !*s => *s = true,
+                _ => return,
+            }
+        }
+        // New offset of each entry.
+        let mut new_off = vec![0u64; n];
+        let mut at = 0u64;
+        for &i in order {
+            new_off[i as usize] = at;
+            at += self.entries[i as usize].len;
+        }
+        for x in &mut self.ids {
+            // The entry holding offset x (an empty fragment's offset needs no move).
+            let k = self.entries.partition_point(|e| e.off + e.len <= *x);
+            if let Some(e) = self.entries.get(k).filter(|e| e.off <= *x) {
+                *x = new_off[k] + (*x - e.off);
+            }
+        }
+        let mut segs: Vec<Segment> = Vec::with_capacity(self.segs.len() + n);
+        let mut start = 0u64;
+        for &i in order {
+            let e = &self.entries[i as usize];
+            let end = e.off + e.len;
+            let first = self.segs.partition_point(|s| s.start + s.len <= e.off);
+            // Bounded by the number of segments.
+            for s in &self.segs[first..] {
+                if s.start >= end {
+                    break;
+                }
+                let a = s.start.max(e.off);
+                let b = (s.start + s.len).min(end);
+                let spool_at = s.at + (a - s.start);
+                match segs.last_mut() {
+                    Some(l) if l.at + l.len == spool_at => l.len += b - a,
+                    _ => segs.push(Segment {
+                        start,
+                        len: b - a,
+                        at: spool_at,
+                    }),
+                }
+                start += b - a;
+            }
+        }
+        for (e, off) in self.entries.iter_mut().zip(&new_off) {
+            e.off = *off;
+        }
+        self.segs = segs;
     }
 }
 
@@ -751,6 +848,63 @@ mod tests {
         let mut v = Vec::new();
         src.open(p.size)?.read_into(0, p.size as usize, &mut v)?;
         Ok(v)
+    }
+
+    /// Store `bytes` as one fragment with its sketch; returns its id.
+    fn add_sketched(s: &mut FragStore, bytes: &[u8]) -> Result<usize> {
+        s.begin();
+        s.push(bytes)?;
+        s.end_sketched(None, crate::similar::sketch(bytes))
+    }
+
+    #[test]
+    fn alike_fragments_move_beside_their_first_like_and_ids_follow_their_bytes() -> Result<()> {
+        use ferofs_testkit::text_lines as text;
+        let (_dir, mut s) = store_reach(true, 0)?;
+        let a = text(200, 100);
+        let mut a2 = a.clone();
+        a2[50] = b'#';
+        let b = text(150, 200);
+        let mut b2 = b.clone();
+        b2.extend(b"one more line\n");
+        let x = noise(300, 7);
+        // a, x (no sketch), b, a again (a duplicate), a2, a2's last 200 bytes (the end
+        // of a2, found by suffix), b2, x's first 100 bytes (no sketch).
+        let ids = [
+            add_sketched(&mut s, &a)?,
+            s.add(&x)?,
+            add_sketched(&mut s, &b)?,
+            add_sketched(&mut s, &a)?,
+            add_sketched(&mut s, &a2)?,
+            add_sketched(&mut s, &a2[a2.len() - 200..])?,
+            add_sketched(&mut s, &b2)?,
+            s.add(&x[..100])?,
+        ];
+        let frags: [&[u8]; 8] = [&a, &x, &b, &a, &a2, &a2[a2.len() - 200..], &b2, &x[..100]];
+        let p = s.finish();
+        // a2 moves behind a, b2 behind b; x and x's start keep their places.
+        let want = [&a[..], &a2, &x, &b, &b2, &x[..100]].concat();
+        let got = packed_bytes(&p)?;
+        assert_eq!(got, want);
+        let (la, lx, lb) = (a.len() as u64, x.len() as u64, b.len() as u64);
+        assert_eq!(
+            p.offsets,
+            vec![
+                0,
+                2 * la,
+                2 * la + lx,
+                0,
+                la,
+                2 * la - 200,
+                2 * la + lx + lb,
+                2 * la + lx + lb + b2.len() as u64
+            ]
+        );
+        for (&id, f) in ids.iter().zip(frags) {
+            let at = p.offsets[id] as usize;
+            assert_eq!(&got[at..at + f.len()], f, "fragment {id}");
+        }
+        Ok(())
     }
 
     #[test]

@@ -55,6 +55,7 @@ mod record;
 mod sb;
 pub mod scan;
 mod shift;
+mod similar;
 pub mod source;
 pub mod squashfs;
 pub mod tarball;

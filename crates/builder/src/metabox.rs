@@ -128,6 +128,7 @@ pub fn build(
                 inline_tail,
                 frag: zdata::FragMode::None,
                 skip: false,
+                similar: false,
             };
             let threads = o.worker_threads();
             let (mut stored, end, _) = zdata::store_all(

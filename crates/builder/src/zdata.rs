@@ -13,6 +13,7 @@ use crate::frag::FragStore;
 use crate::options::*;
 use crate::out::Out;
 use crate::shift;
+use crate::similar::Sketch;
 use crate::source::Source;
 use ferofs_compress::probe::{Probe, CHUNK};
 use ferofs_compress::{new_compressor, CompressorSpec, FixedOutputCompressor};
@@ -182,6 +183,8 @@ struct Job {
     spool: Option<Arc<crate::frag::Spool>>,
     /// Dedupe is on: hash a fragment read whole (for [`FragStore`]'s dedupe).
     hash_frag: bool,
+    /// A whole-file fragment that may move beside alike ones: sketch its contents.
+    similar: bool,
 }
 
 /// What a worker hands the committer for one job.
@@ -196,6 +199,8 @@ struct SegOut {
     frag_hash: Option<FragHash>,
     /// Where the worker wrote the fragment piece's bytes in the spool.
     spooled: Option<Spooled>,
+    /// With `Job::similar`: the whole-file fragment's content sketch.
+    sketch: Option<Sketch>,
     /// The file has holes: nothing compressed, the committer stores it as it is.
     holey: bool,
 }
@@ -358,6 +363,7 @@ fn compress_segment(
             fed: 0,
             frag_hash: None,
             spooled: None,
+            sketch: None,
             holey: true,
         });
     }
@@ -375,6 +381,9 @@ fn compress_segment(
         };
         // Only a fragment read by one job is hashed whole here.
         let frag_hash = (job.hash_frag && job.whole).then(|| FragHash::of(&piece));
+        let sketch = (job.similar && job.whole)
+            .then(|| crate::similar::sketch(&piece.bytes))
+            .flatten();
         return Ok(SegOut {
             pieces: vec![piece],
             raw: None,
@@ -382,6 +391,7 @@ fn compress_segment(
             fed: 0,
             frag_hash,
             spooled: None,
+            sketch,
             holey: false,
         });
     }
@@ -404,6 +414,7 @@ fn compress_segment(
             fed,
             frag_hash,
             spooled: None,
+            sketch: None,
             holey: false,
         });
     }
@@ -414,6 +425,7 @@ fn compress_segment(
         fed,
         frag_hash,
         spooled: None,
+        sketch: None,
         holey: false,
     })
 }
@@ -664,6 +676,7 @@ impl Recompress<'_> {
             frag: FragMode::None,
             shift: false,
             hash_frag: false,
+            similar: false,
             spool: None,
         };
         Ok(compress_data(&sub, data, self.comps, self.dst, self.c, self.bs)?.0)
@@ -1079,6 +1092,8 @@ struct Pending {
     frag_hash: Option<FragHash>,
     /// Where a worker wrote the file's tail fragment in the spool.
     spooled: Option<Spooled>,
+    /// The whole-file fragment's content sketch, from the worker.
+    sketch: Option<Sketch>,
 }
 
 /// What the committer needs to know about each file to decide on inlining.
@@ -1096,6 +1111,9 @@ pub struct FileReq {
     /// Stored elsewhere (a duplicate of another file): no data at all here; its
     /// result is a placeholder.
     pub skip: bool,
+    /// Going whole to the packed inode, it may move there beside alike files
+    /// ([`crate::similar`]).
+    pub similar: bool,
 }
 
 /// Compress every file in `files` (inode order) and write the data at `next_blk`.
@@ -1153,6 +1171,7 @@ pub fn store_all(
                 // left to whole-file and pcluster dedupe.
                 shift: shift_on && f.size >= shift::MIN_FILE,
                 hash_frag: shift_on,
+                similar: f.similar && frag == FragMode::Whole,
                 spool: spool.clone().filter(|_| frag != FragMode::None),
             });
             s = e;
@@ -1235,6 +1254,7 @@ pub fn store_all(
                     shift_ids: Vec::new(),
                     frag_hash: None,
                     spooled: None,
+                    sketch: None,
                 },
             ));
             if job.frag == FragMode::Whole {
@@ -1249,6 +1269,9 @@ pub fn store_all(
         p.raw = seg.raw;
         if seg.frag_hash.is_some() {
             p.frag_hash = seg.frag_hash;
+        }
+        if seg.sketch.is_some() {
+            p.sketch = seg.sketch;
         }
         fed += seg.fed;
         if p.whole_frag {
@@ -1728,7 +1751,7 @@ fn finish_file(
     if p.whole_frag {
         let fs = frags.ok_or_else(|| BuildError::Options("internal: no fragment store".into()))?;
         return Ok(Stored::Fragment(
-            fs.end_hashed(p.frag_hash.map(|h| h.hash))? as u64,
+            fs.end_sketched(p.frag_hash.map(|h| h.hash), p.sketch)? as u64,
         ));
     }
     let bytes = p.raw.take();

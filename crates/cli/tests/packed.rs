@@ -988,15 +988,71 @@ fn a_fragment_sharing_an_earlier_ones_end_keeps_its_head_in_pclusters() {
     );
 }
 
+/// Files alike in content (here twelve versions of one text, a few lines changed in
+/// each), under names of their own in directories far apart, meet in the packed
+/// inode: they follow the first of them, back to back, and every other file keeps
+/// inode order.
+#[test]
+fn files_alike_in_content_sit_together_in_the_packed_inode() {
+    let d = scratch("packed-alike");
+    let src = d.path().join("tree");
+    let base = text_lines(600, 71);
+    for i in 0..12u64 {
+        let dir = src.join(format!("d{i:02}"));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        // Each directory's own text first in inode order ("data" < "notes").
+        std::fs::write(
+            dir.join(format!("data-{i:02}.txt")),
+            text_lines(1_500, 1_000 + 2 * i),
+        )
+        .expect("write");
+        let mut notes = base.clone();
+        for k in 0..5 {
+            let at = (i as usize * 5 + k) * 350;
+            notes[at] = b'#';
+        }
+        std::fs::write(dir.join(format!("notes-{i:02}.txt")), &notes).expect("write");
+    }
+    let img = d.path().join("alike.erofs");
+    let args = ["-z", "lz4", "-C", "131072", "-E", "smallest"];
+    roundtrip(&src, &img, d.path(), "lz4", &args);
+    let frag = |p: String| -> (u64, u64) {
+        let (before, off, len) = fragment_layout(&img, &p);
+        assert!(before.is_empty(), "{p}: {before:?}");
+        (off, len)
+    };
+    let notes: Vec<(u64, u64)> = (0..12)
+        .map(|i| frag(format!("/d{i:02}/notes-{i:02}.txt")))
+        .collect();
+    let data: Vec<(u64, u64)> = (0..12)
+        .map(|i| frag(format!("/d{i:02}/data-{i:02}.txt")))
+        .collect();
+    // d00's text, then the twelve notes back to back, then the other texts in order.
+    assert_eq!(data[0].0, 0);
+    assert_eq!(notes[0].0, data[0].1);
+    for w in notes.windows(2) {
+        assert_eq!(w[1].0, w[0].0 + w[0].1, "{notes:?}");
+    }
+    let mut at = notes[11].0 + notes[11].1;
+    for (i, &(off, len)) in data.iter().enumerate().skip(1) {
+        assert_eq!(off, at, "data-{i:02}: {data:?}");
+        at += len;
+    }
+}
+
 /// Files that go whole to the packed inode under a name many of them share (here 16
 /// `LICENSE`s, alike but not equal, each beside 70 KB of noise of its own name) sit side by side at the
 /// end of the packed inode, in inode order, where LZ4's 64 KiB window finds each in
 /// the one before. Under names of their own, the same files keep inode order and each
-/// is stored alone.
+/// is stored alone (they hold no newline, so no content sketch brings them together
+/// either: see the next test).
 #[test]
 fn files_sharing_a_common_name_sit_together_in_the_packed_inode() {
     let d = scratch("packed-common-names");
-    let base = noise(6_000, 61);
+    let base: Vec<u8> = noise(6_000, 61)
+        .into_iter()
+        .map(|b| if b == b'\n' { b'.' } else { b })
+        .collect();
     let make = |root: &Path, unique: bool| {
         for i in 0..16u8 {
             let dir = root.join(format!("d{i:02}"));

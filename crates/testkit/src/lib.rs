@@ -210,6 +210,21 @@ pub fn noise(n: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// `lines` lines of text, each starting with 16 hex digits drawn from [`noise`]`(_,
+/// seed)`: texts of different seeds share no line start (the builder's similarity
+/// sketch looks at line starts).
+pub fn text_lines(lines: usize, seed: u64) -> Vec<u8> {
+    let r = noise(lines * 8, seed);
+    let mut t = Vec::new();
+    for (k, w) in r.chunks_exact(8).enumerate() {
+        let mut v = [0u8; 8];
+        v.copy_from_slice(w);
+        let v = u64::from_le_bytes(v);
+        t.extend(format!("{v:016x} = line {k} of a text\n").bytes());
+    }
+    t
+}
+
 /// `n` bytes of xorshift64 from `state` as given (non-zero), each the generator's bits
 /// 24..32: the fuzz targets' noise, so a test can rebuild a fuzzer's input exactly.
 pub fn noise_bits24(n: usize, state: u64) -> Vec<u8> {

@@ -556,16 +556,10 @@ impl FragStore {
     /// Fill `buf` with the packed data from `off` (inside `[0, len)`).
     fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
         let end = off + buf.len() as u64;
-        let first = self.segs.partition_point(|s| s.start + s.len <= off);
         let mut pos = off;
-        // Bounded by the number of segments.
-        for s in &self.segs[first..] {
-            if pos >= end {
-                break;
-            }
-            let b = (s.start + s.len).min(end);
-            let dst = &mut buf[(pos - off) as usize..(b - off) as usize];
-            read_exact(&self.spool.file, self.path(), dst, s.at + (pos - s.start))?;
+        for (a, b, at) in spool_ranges(&self.segs, off, end) {
+            let dst = &mut buf[(a - off) as usize..(b - off) as usize];
+            read_exact(&self.spool.file, self.path(), dst, at)?;
             pos = b;
         }
         if pos < end {
@@ -630,11 +624,10 @@ impl FragStore {
             segs: self.segs.into(),
         }
     }
-}
 
-impl FragStore {
-    /// Lay the entries out in `order` (a permutation of their indexes): the packed
-    /// data's segments follow, and every fragment id keeps pointing at the same bytes.
+    /// For [`FragStore::finish`]: lay the entries out in `order` (a permutation of
+    /// their indexes): the packed data's segments follow, and every fragment id keeps
+    /// pointing at the same bytes (the entries' own offsets are left as they were).
     /// Leaves everything as it is when the entries are not back to back from 0 (they
     /// always are) or `order` is no permutation.
     fn reorder(&mut self, order: &[u32]) {
@@ -674,16 +667,7 @@ impl FragStore {
         let mut start = 0u64;
         for &i in order {
             let e = &self.entries[i as usize];
-            let end = e.off + e.len;
-            let first = self.segs.partition_point(|s| s.start + s.len <= e.off);
-            // Bounded by the number of segments.
-            for s in &self.segs[first..] {
-                if s.start >= end {
-                    break;
-                }
-                let a = s.start.max(e.off);
-                let b = (s.start + s.len).min(end);
-                let spool_at = s.at + (a - s.start);
+            for (a, b, spool_at) in spool_ranges(&self.segs, e.off, e.off + e.len) {
                 match segs.last_mut() {
                     Some(l) if l.at + l.len == spool_at => l.len += b - a,
                     _ => segs.push(Segment {
@@ -695,11 +679,26 @@ impl FragStore {
                 start += b - a;
             }
         }
-        for (e, off) in self.entries.iter_mut().zip(&new_off) {
-            e.off = *off;
-        }
         self.segs = segs;
     }
+}
+
+/// The pieces of packed range `[off, end)` that `segs` hold, in order: (packed start,
+/// packed end, where the start is in the spool).
+fn spool_ranges(
+    segs: &[Segment],
+    off: u64,
+    end: u64,
+) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+    let first = segs.partition_point(|s| s.start + s.len <= off);
+    // Bounded by the number of segments.
+    segs[first..]
+        .iter()
+        .take_while(move |s| s.start < end)
+        .map(move |s| {
+            let a = s.start.max(off);
+            (a, (s.start + s.len).min(end), s.at + (a - s.start))
+        })
 }
 
 fn read_exact(f: &File, path: &Path, buf: &mut [u8], off: u64) -> Result<()> {

@@ -133,7 +133,7 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
             None => FragMode::None,
         })
         .collect();
-    let grouped = group_common_names(&mut files, &mut frag_modes);
+    let first_grouped = group_common_names(&mut files, &mut frag_modes);
     // Per file (index in `files`): the earlier file it duplicates. Files that go to
     // the packed inode whole are left to fragment dedupe, which finds the same
     // duplicates (equal fragments share one offset, the same layout a duplicate
@@ -187,7 +187,7 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
                 frag,
                 skip: dup_of[k].is_some(),
                 // Files grouped by name already sit beside their likes.
-                similar: frag == FragMode::Whole && !grouped[k],
+                similar: frag == FragMode::Whole && k < first_grouped,
             });
         }
         let (stored, end, fed) = zdata::store_all(
@@ -259,11 +259,11 @@ pub const COMMON_NAME_MIN: usize = 8;
 /// have no data outside it. Measured with `-E smallest` at 128 KiB (see
 /// docs/benchmarks.md): rootfs lz4 -0.70 %, zstd 3 -1.68 %; linux lz4 -0.21 %, zstd 3
 /// -0.05 %. Grouping every file by type instead lost 1.2 % on the linux tree.
-/// Returns, per file in the new order, whether it was grouped.
+/// Returns where the groups start in the new order (`files.len()` when there are none).
 fn group_common_names(
     files: &mut Vec<(usize, &crate::scan::Node, &Source, u64)>,
     modes: &mut Vec<FragMode>,
-) -> Vec<bool> {
+) -> usize {
     fn name(rel: &[u8]) -> &[u8] {
         match rel.iter().rposition(|&b| b == b'/') {
             Some(i) => &rel[i + 1..],
@@ -282,15 +282,15 @@ fn group_common_names(
     };
     let (mut moved, keep): (Vec<usize>, Vec<usize>) = (0..files.len()).partition(|&k| common(k));
     if moved.is_empty() {
-        return vec![false; files.len()];
+        return files.len();
     }
-    let grouped = (0..files.len()).map(|k| k >= keep.len()).collect();
+    let first_grouped = keep.len();
     // Stable: inode order inside a group.
     moved.sort_by_key(|&k| name(&files[k].1.rel));
     let order: Vec<usize> = keep.into_iter().chain(moved).collect();
     *files = order.iter().map(|&k| files[k]).collect();
     *modes = order.iter().map(|&k| modes[k]).collect();
-    grouped
+    first_grouped
 }
 
 /// What part of a file of `size` bytes goes to the packed inode.

@@ -163,31 +163,11 @@ pub fn order(n: usize, sketches: &[(u32, Sketch)]) -> Option<Vec<u32>> {
     if !joined {
         return None;
     }
-    // Members of each cluster, in item order, listed under their root.
-    let mut next: Vec<u32> = vec![u32::MAX; n];
-    let mut last: Vec<u32> = (0..n32).collect();
-    for i in 0..n32 {
-        let r = root(&mut parent, i);
-        if r != i {
-            next[last[r as usize] as usize] = i;
-            last[r as usize] = i;
-        }
-    }
-    let mut out = Vec::with_capacity(n);
-    for i in 0..n32 {
-        if parent[i as usize] != i {
-            continue;
-        }
-        // Bounded: the chain visits each member once (`next` only points forward).
-        let mut m = i;
-        loop {
-            out.push(m);
-            match next[m as usize] {
-                u32::MAX => break,
-                x => m = x,
-            }
-        }
-    }
+    // Roots are their clusters' first members: sorted by root (stably), a cluster
+    // lands where its first member is, each in item order.
+    let roots: Vec<u32> = (0..n32).map(|i| root(&mut parent, i)).collect();
+    let mut out: Vec<u32> = (0..n32).collect();
+    out.sort_by_key(|&i| roots[i as usize]);
     Some(out)
 }
 

@@ -1171,7 +1171,7 @@ pub fn store_all(
                 // left to whole-file and pcluster dedupe.
                 shift: shift_on && f.size >= shift::MIN_FILE,
                 hash_frag: shift_on,
-                similar: f.similar && frag == FragMode::Whole,
+                similar: f.similar,
                 spool: spool.clone().filter(|_| frag != FragMode::None),
             });
             s = e;

@@ -199,13 +199,19 @@ pub fn assert_same_tree(expected: &Path, actual: &Path) {
 /// `n` seeded pseudo-random bytes (xorshift64, state `seed | 1`): no stretch of them
 /// repeats, so they neither compress nor dedupe by accident.
 pub fn noise(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
+    xorshift_bytes(n, seed | 1, 0)
+}
+
+/// `n` bytes of xorshift64 (13, 7, 17) from `state`, each the generator's bits
+/// `shift..shift + 8`.
+fn xorshift_bytes(n: usize, state: u64, shift: u32) -> Vec<u8> {
+    let mut x = state;
     (0..n)
         .map(|_| {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            x as u8
+            (x >> shift) as u8
         })
         .collect()
 }
@@ -228,15 +234,7 @@ pub fn text_lines(lines: usize, seed: u64) -> Vec<u8> {
 /// `n` bytes of xorshift64 from `state` as given (non-zero), each the generator's bits
 /// 24..32: the fuzz targets' noise, so a test can rebuild a fuzzer's input exactly.
 pub fn noise_bits24(n: usize, state: u64) -> Vec<u8> {
-    let mut x = state;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
+    xorshift_bytes(n, state, 24)
 }
 
 /// A golden image from `shared/testdata/erofs-utils-1.9.3/NAME.erofs.zst` (or any

@@ -473,6 +473,12 @@ pub fn run(a: BuildArgs) -> Result<()> {
                 ferofs_compress::PIECE_REPLAYED.load(Relaxed),
             );
             eprintln!(
+                "codec work   lz4hc/lzma calls {}, {} bytes consumed; lz4 sizing zstd pieces {} bytes",
+                ferofs_compress::NATIVE_CALLS.load(Relaxed),
+                ferofs_compress::NATIVE_CONSUMED.load(Relaxed),
+                ferofs_compress::GUIDE_BYTES.load(Relaxed),
+            );
+            eprintln!(
                 "codec work   refits {} ({} trials over {} bytes)",
                 ferofs_compress::search::REFITS.load(Relaxed),
                 ferofs_compress::search::REFIT_TRIALS.load(Relaxed),

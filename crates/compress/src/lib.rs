@@ -42,10 +42,24 @@ mod lzma;
 mod zstd_codec;
 #[cfg(feature = "zstd")]
 pub use zstd_codec::{
-    PIECE_BYTES, PIECE_CONSUMED, PIECE_EARLY_ENDS, PIECE_OVERFLOWS, PIECE_REPLAYED, STREAM_MIN_CAP,
+    GUIDE_BYTES, PIECE_BYTES, PIECE_CONSUMED, PIECE_EARLY_ENDS, PIECE_OVERFLOWS, PIECE_REPLAYED,
+    STREAM_MIN_CAP,
 };
 
 use std::fmt;
+use std::sync::atomic::AtomicU64;
+
+/// Calls of the codecs that fill a pcluster natively (LZ4HC, MicroLZMA) in this
+/// process, and the input bytes they consumed (for benchmarks; not part of the API).
+/// Together with the zstd and search counters this is all the slow codecs' input.
+pub static NATIVE_CALLS: AtomicU64 = AtomicU64::new(0);
+pub static NATIVE_CONSUMED: AtomicU64 = AtomicU64::new(0);
+
+pub(crate) fn count_native(consumed: usize) {
+    use std::sync::atomic::Ordering::Relaxed;
+    NATIVE_CALLS.fetch_add(1, Relaxed);
+    NATIVE_CONSUMED.fetch_add(consumed as u64, Relaxed);
+}
 
 /// A cheap sufficient test that data compresses into `out.len()` bytes: whether LZ4
 /// at its fastest does (into `out`), and into how many bytes; every other codec

@@ -74,6 +74,7 @@ impl FixedOutputCompressor for Lz4Hc {
             return (0, 0);
         }
         let (c, n) = self.state.compress_dest_size(src, dst, self.level);
+        crate::count_native(c);
         accept(dst, c, n)
     }
 }

@@ -40,7 +40,9 @@ impl FixedOutputCompressor for MicroLzma {
         if src.is_empty() || dst.is_empty() {
             return (0, 0);
         }
-        match self.enc.encode(src, dst) {
+        let r = self.enc.encode(src, dst);
+        crate::count_native(r.map_or(0, |(c, _)| c));
+        match r {
             // Byte 0 is !props, never 0 for valid properties; check anyway.
             Some((c, n)) if c > 0 && n > 0 && dst[0] != 0 => (c, n),
             _ => (0, 0),

@@ -9,7 +9,8 @@
 //!
 //! ```text
 //! header  alg  level  pcluster  flags  bsize  alg2    (6 bytes)
-//!   alg % 6: none, lz4, lz4hc, zstd, lzma, deflate;  pcluster: 4 KiB << (b % 5)
+//!   alg % 6: none, lz4, lz4hc, zstd, lzma, deflate;
+//!   pcluster: 4 KiB << (b % 5), 128 KiB for b >= 240
 //!   flags: 1 ztailpacking, 2 dedupe, 4|8 fragments (off, tails, all, tails with the
 //!   alg2 pcluster), 16 metabox, 32 no inline data, 64 a second algorithm (alg2 % 5 + 1,
 //!   pcluster 4 KiB << (alg2 / 16 % 5)) for names ending in a digit 0-4 (a hint),
@@ -248,7 +249,13 @@ fn content(r: &mut In, files: &[Vec<u8>], budget: &mut usize) -> Vec<u8> {
 fn spec_options(r: &mut In) -> BuildOptions {
     let alg = r.u8();
     let level = r.u8();
-    let pcluster = 4096u32 << (r.u8() % 5);
+    // 240..=255: 128 KiB, where zstd fills pclusters piece by piece (and from level
+    // 10 cuts each piece to what LZ4 fits first); below, the mapping seeds were
+    // written with.
+    let pcluster = match r.u8() {
+        b @ 0..=239 => 4096u32 << (b % 5),
+        _ => 128 << 10,
+    };
     let flags = r.u8();
     let bsize = r.u8();
     let alg2 = r.u8();

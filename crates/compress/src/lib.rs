@@ -75,6 +75,18 @@ pub fn lz4_fits(src: &[u8], out: &mut [u8]) -> Option<usize> {
     }
 }
 
+/// How much of `src` LZ4 at its fastest fits into `out` (its cost is bounded by
+/// `out.len()`); all of it without LZ4 support.
+pub(crate) fn lz4_prefix(src: &[u8], out: &mut [u8]) -> usize {
+    #[cfg(feature = "lz4")]
+    return lz4::fast_prefix(src, out);
+    #[cfg(not(feature = "lz4"))]
+    {
+        let _ = out;
+        src.len()
+    }
+}
+
 /// On-disk algorithm ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Algorithm {

@@ -31,6 +31,14 @@ pub fn fast_fits(src: &[u8], out: &mut [u8]) -> Option<usize> {
     (c == src.len() && n > 0).then_some(n)
 }
 
+/// How much of `src` liblz4 at its fastest fits into `out` (0 when either is empty).
+pub fn fast_prefix(src: &[u8], out: &mut [u8]) -> usize {
+    if src.is_empty() || out.is_empty() {
+        return 0;
+    }
+    f::compress_dest_size(src, out).0
+}
+
 impl FixedOutputCompressor for Lz4Fast {
     fn algorithm(&self) -> Algorithm {
         Algorithm::Lz4

@@ -128,16 +128,6 @@ const START_RATIO: f64 = 3.0;
 /// tree 1,402 -> 1,326 MB for 1,326 MB, 12 -> 0 overflows, +0.007 %.
 const GUIDE_MIN_LEVEL: i32 = 10;
 
-/// LZ4 at its fastest into `out`: how much of `src` fits, and in how many bytes.
-#[cfg(feature = "lz4")]
-fn lz4_fill(src: &[u8], out: &mut [u8]) -> (usize, usize) {
-    crate::ffi::lz4::compress_dest_size(src, out)
-}
-#[cfg(not(feature = "lz4"))]
-fn lz4_fill(src: &[u8], _out: &mut [u8]) -> (usize, usize) {
-    (src.len(), 0)
-}
-
 /// The length of `piece`, or of the prefix of it that LZ4 at its fastest fits into
 /// `room` bytes (whole blocks when that is one block or more; 0 when under
 /// [`MIN_PIECE`]). Costs at most what LZ4 needs to fill `room`.
@@ -148,7 +138,7 @@ fn lz4_cut(piece: &[u8], room: usize, scratch: &mut Vec<u8>) -> usize {
     if scratch.len() < room {
         scratch.resize(room, 0);
     }
-    let (fits, _) = lz4_fill(piece, &mut scratch[..room]);
+    let fits = crate::lz4_prefix(piece, &mut scratch[..room]);
     GUIDE_BYTES.fetch_add(fits as u64, Ordering::Relaxed);
     if fits >= piece.len() {
         piece.len()
@@ -285,14 +275,13 @@ impl Zstd {
             } else {
                 last_ratio
             };
-            let retried = forced.is_some();
-            let mut p = match forced.take() {
+            let p = match forced.take() {
                 Some(p) => p,
                 None if left == 0 => 0,
                 None => {
                     let wm = if produced == 0 { m.first } else { m.whole };
                     let whole = (room * est / wm) as usize;
-                    if whole >= BLOCK {
+                    let guess = if whole >= BLOCK {
                         let blocks = if one_block { 1 } else { whole / BLOCK };
                         (blocks * BLOCK).min(left)
                     } else {
@@ -302,12 +291,16 @@ impl Zstd {
                         } else {
                             p.min(left)
                         }
+                    };
+                    // A guessed piece (not a retry sized by an overflow) goes
+                    // through the LZ4 cut.
+                    if guide && guess > 0 {
+                        lz4_cut(&src[pos..pos + guess], room as usize, lz4_out)
+                    } else {
+                        guess
                     }
                 }
             };
-            if guide && p > 0 && !retried {
-                p = lz4_cut(&src[pos..pos + p], room as usize, lz4_out);
-            }
             let end = p == 0 || p == left;
             let w = frame.piece(p, end, out)?;
             PIECE_BYTES.fetch_add(p as u64, Ordering::Relaxed);

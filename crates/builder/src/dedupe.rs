@@ -9,7 +9,7 @@
 use crate::options::*;
 use crate::source::{Reader, Source};
 use rayon::prelude::*;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use xxhash_rust::xxh3::Xxh3;
 
 /// A regular file as dedupe sees it.
@@ -84,7 +84,7 @@ fn same(a: &Source, b: &Source, size: u64) -> Result<bool> {
 /// Per file: `Some(j)` when it has the contents of the earlier file `j` (which is
 /// itself stored), `None` when its data must be stored.
 pub fn find_duplicates(files: &[Candidate], threads: usize) -> Result<Vec<Option<usize>>> {
-    let mut by_size: HashMap<u64, Vec<usize>> = HashMap::new();
+    let mut by_size: HashMap<u64, Vec<usize>> = HashMap::default();
     for (i, f) in files.iter().enumerate() {
         if f.size > 0 {
             by_size.entry(f.size).or_default().push(i);
@@ -108,7 +108,7 @@ pub fn find_duplicates(files: &[Candidate], threads: usize) -> Result<Vec<Option
     })?;
     // Candidate pairs, in file order: each file against the earliest stored file with
     // the same size and hash that has at least as much metadata.
-    let mut groups: HashMap<(u64, u128), Vec<usize>> = HashMap::new();
+    let mut groups: HashMap<(u64, u128), Vec<usize>> = HashMap::default();
     let mut pairs = Vec::new();
     for (&i, &h) in todo.iter().zip(&hashes) {
         let g = groups.entry((files[i].size, h)).or_default();

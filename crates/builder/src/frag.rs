@@ -29,7 +29,7 @@
 use crate::options::*;
 use crate::similar::Sketch;
 use crate::source::{Segment, Source};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};

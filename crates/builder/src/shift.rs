@@ -35,7 +35,7 @@
 use crate::options::{io_err, Result};
 use crate::source::Reader;
 use crate::zdata::FileReq;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 /// Bytes hashed to filter a candidate before its source is read again.
 pub const PRE: usize = 4096;

@@ -18,7 +18,7 @@ use crate::source::Source;
 use ferofs_compress::probe::{Probe, CHUNK};
 use ferofs_compress::{new_compressor, CompressorSpec, FixedOutputCompressor};
 use ferofs_format::zindex::{ExtentDesc, HeadKind};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -841,7 +841,7 @@ fn rework(
     // Every piece is signed here, for later data to match it; pieces compressed
     // again around a match are signed at the end.
     let mut pieces = pieces;
-    let mut local: HashMap<u64, Vec<(usize, u32, shift::Sig)>> = HashMap::new();
+    let mut local: HashMap<u64, Vec<(usize, u32, shift::Sig)>> = HashMap::default();
     for (k, q) in pieces.iter_mut().enumerate() {
         if q.frag {
             continue;
@@ -891,7 +891,7 @@ fn rework(
         }
         let mut chosen = None;
         // Sides compressed for this match: (from, to, as one piece) -> pieces.
-        let mut sides: HashMap<(usize, usize, bool), Option<Vec<Piece>>> = HashMap::new();
+        let mut sides: HashMap<(usize, usize, bool), Option<Vec<Piece>>> = HashMap::default();
         // The bytes around the match are compressed again up to the neighbouring piece
         // boundaries. Where data does not compress, one block a piece can put two
         // extent heads in one lcluster (the format allows one); then try, in turn:
@@ -1183,7 +1183,7 @@ pub fn store_all(
     let mut done_upto = 0usize;
     let mut fed = 0u64;
     // Shifted dedupe compresses again on the committer: its own codecs.
-    let mut ccomps: Codecs = HashMap::new();
+    let mut ccomps: Codecs = HashMap::default();
     let mut cdst = Vec::new();
     // The committer (this thread) takes results strictly in job order while the
     // workers run ahead, at most `window` input bytes past the last committed job.
@@ -1426,7 +1426,7 @@ fn run_ordered(
     }
     if threads <= 1 {
         // Batches here too: one spool write for a batch's fragments, as on workers.
-        let mut comps = HashMap::new();
+        let mut comps = HashMap::default();
         let mut dst = Vec::new();
         for w in bounds.windows(2) {
             let batch = &jobs[w[0]..w[1]];
@@ -1467,7 +1467,7 @@ fn run_ordered(
                 (&next, &committed, &moved, &stop, &cum, &halt, &bounds);
             s.spawn(move || {
                 let _guard = OnPanic(halt);
-                let mut comps = HashMap::new();
+                let mut comps = HashMap::default();
                 let mut dst = Vec::new();
                 // Bounded: every iteration takes a new batch index.
                 loop {

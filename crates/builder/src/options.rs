@@ -12,6 +12,9 @@ pub enum UuidChoice {
     Random,
 }
 
+/// The default of [`BuildOptions::memory_limit`]: 512 MiB.
+pub const DEFAULT_MEMORY_LIMIT: u64 = 512 << 20;
+
 /// Everything that shapes an image. Built from CLI flags in one place (the CLI) and
 /// passed by value: no globals, so two builds can run in one process.
 #[derive(Debug, Clone)]
@@ -38,6 +41,10 @@ pub struct BuildOptions {
     pub inline_data: bool,
     /// Worker threads, 0 = all cores. Never changes the output.
     pub threads: usize,
+    /// Peak memory to stay under, in bytes (0: no limit): codecs with a large state
+    /// (LZMA and zstd from level 10 at big pclusters) get fewer compression workers
+    /// than `threads` when that many would not fit (see `zdata::fit_workers`).
+    pub memory_limit: u64,
     /// fsync the image before renaming it into place.
     pub fsync: bool,
     /// None: uncompressed. The CLI defaults to lz4hc level 9 with 4 KiB pclusters.
@@ -120,6 +127,7 @@ impl Default for BuildOptions {
             ignore_mtime: false,
             inline_data: true,
             threads: 0,
+            memory_limit: DEFAULT_MEMORY_LIMIT,
             compression: None,
             fsync: false,
             fragments: Fragments::Off,

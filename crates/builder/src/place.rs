@@ -124,7 +124,22 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
         // Stable: unlisted files (rank MAX) keep inode order behind the listed ones.
         files.sort_by_key(|&(id, ..)| rank[id]);
     }
-    let threads = o.worker_threads();
+    let threads = match &o.compression {
+        Some(c) => {
+            let asked = o.worker_threads();
+            let fit = zdata::fit_workers(asked, c, o.memory_limit);
+            if fit < asked {
+                placed.warnings.push(format!(
+                    "{fit} compression threads, not {asked}: more would not fit in the \
+                     memory limit of {} MiB with this codec and pcluster size \
+                     (--memory-limit raises it)",
+                    o.memory_limit >> 20
+                ));
+            }
+            fit
+        }
+        None => o.worker_threads(),
+    };
     // Per file: what goes to the packed inode.
     let mut frag_modes: Vec<FragMode> = files
         .iter()
@@ -389,7 +404,7 @@ pub fn store_packed(
         skip: false,
         similar: false,
     };
-    let threads = o.worker_threads();
+    let threads = zdata::fit_workers(o.worker_threads(), c, o.memory_limit);
     // The packed inode's data is more to compress: the total grows by it.
     let progress = o.progress.clone().unwrap_or_default();
     progress.set_total(progress.total() + size);

@@ -320,8 +320,57 @@ const MAX_EXTENT_INPUT: usize = ferofs_format::PCLUSTER_MAX_DSIZE as usize;
 fn segment_size(pcluster: u32) -> u64 {
     (32 * u64::from(pcluster)).max(16 << 20)
 }
-/// Input bytes handed to the workers at once.
+/// Input bytes handed to the workers at once, at least.
 const WINDOW_BYTES: u64 = 64 << 20;
+
+/// Memory one compression worker's codec state takes, about. Measured on the rootfs
+/// at 1 MiB pclusters (`-E smallest`, peak RSS from `-j 2` to `-j 8`): LZMA with its
+/// 4 MiB dictionary adds about 40 MiB a worker (the match finder's tables are about ten
+/// bytes a dictionary byte), zstd 15 about 36 MiB.
+fn codec_state_bytes(s: &CompressorSpec, pcl: u32) -> u64 {
+    let dict = u64::from(s.effective_dict(pcl));
+    let pcl = u64::from(pcl);
+    let buffers = 4 * pcl + (1 << 20);
+    buffers
+        + match s.encoder.algorithm() {
+            ferofs_compress::Algorithm::Lzma => 10 * dict,
+            // From level 10 libzstd keeps a binary tree over a window of several
+            // pclusters of input.
+            ferofs_compress::Algorithm::Zstd if s.level >= 10 => 32 * pcl,
+            ferofs_compress::Algorithm::Zstd => 4 * pcl,
+            ferofs_compress::Algorithm::Lz4 | ferofs_compress::Algorithm::Deflate => 0,
+        }
+}
+
+/// Compression workers for `threads` under a peak-memory `limit` (0: no limit): the
+/// workers' codec states take at most a quarter of it (the rest is for the input in
+/// flight, at most [`window_bytes`], the tree, the committer's own codec and the
+/// fragment store). Never fewer than two workers (or `threads`, when it is less):
+/// two is what the corpora's peak memory was measured at, under 512 MiB.
+pub fn fit_workers(threads: usize, c: &Compression, limit: u64) -> usize {
+    if limit == 0 || threads <= 2 {
+        return threads;
+    }
+    let pcl = c.max_pcluster();
+    let state = c
+        .algorithms
+        .iter()
+        .map(|s| codec_state_bytes(s, pcl))
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let fit = usize::try_from(limit / 4 / state).unwrap_or(usize::MAX);
+    threads.min(fit.max(2))
+}
+
+/// Input bytes the workers may run ahead of the committer: room for four segments
+/// (two workers with one segment each compressing and one each waiting), whatever the
+/// thread count, so that peak memory does not grow with `-j` by a window per thread
+/// (at 1 MiB pclusters that was 64 MiB a thread). More workers than that still
+/// share the window: small files come in batches of [`BATCH_BYTES`].
+fn window_bytes(c: &Compression) -> u64 {
+    WINDOW_BYTES.max(4 * segment_size(c.max_pcluster()))
+}
 /// Consecutive jobs a worker takes at once, up to this many input bytes (a bigger job
 /// goes alone): one hand-off per batch instead of one per small file, whose thread
 /// wake-ups cost more than compressing the file.
@@ -1332,7 +1381,7 @@ pub fn store_all(
         }
         Ok(())
     };
-    let window = WINDOW_BYTES.max(2 * threads as u64 * segment_size(c.max_pcluster()));
+    let window = window_bytes(c);
     run_ordered(&jobs, threads, window, c, bs, progress, &mut commit)?;
     if let Some((f, p)) = pending.take() {
         let fs = frags;
@@ -2000,4 +2049,48 @@ fn finish_with_fragment(
         partial: false,
     });
     Ok(compressed(c, p, None, Some(id as u64)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn comp(spec: &str, pcluster: u32) -> Compression {
+        Compression {
+            algorithms: vec![CompressorSpec::parse(spec).expect("spec")],
+            pcluster_size: pcluster,
+            ..Compression::default()
+        }
+    }
+
+    #[test]
+    fn big_codec_states_get_fewer_workers_under_the_memory_limit() {
+        let limit = crate::options::DEFAULT_MEMORY_LIMIT;
+        // LZMA at 1 MiB: a 4 MiB dictionary, 45 MiB a worker; a quarter of 512 MiB
+        // holds two.
+        let lzma = comp("lzma,level=6", 1 << 20);
+        assert_eq!(codec_state_bytes(&lzma.algorithms[0], 1 << 20), 45 << 20);
+        assert_eq!(fit_workers(8, &lzma, limit), 2);
+        assert_eq!(fit_workers(8, &lzma, 2 << 30), 8);
+        assert_eq!(fit_workers(8, &lzma, 0), 8);
+        // zstd 15 at 1 MiB: 37 MiB a worker, three fit; zstd 3 keeps all eight.
+        assert_eq!(fit_workers(8, &comp("zstd,level=15", 1 << 20), limit), 3);
+        assert_eq!(fit_workers(8, &comp("zstd,level=3", 1 << 20), limit), 8);
+        // Small pclusters and light codecs: the thread count as asked.
+        assert_eq!(fit_workers(8, &comp("lzma,level=6", 128 << 10), limit), 8);
+        assert_eq!(
+            fit_workers(16, &comp("lz4hc,level=12", 128 << 10), limit),
+            16
+        );
+        // Never fewer than two, nor more than asked.
+        assert_eq!(fit_workers(8, &lzma, 1 << 20), 2);
+        assert_eq!(fit_workers(1, &lzma, 1 << 20), 1);
+        assert_eq!(fit_workers(2, &lzma, limit), 2);
+    }
+
+    #[test]
+    fn the_window_does_not_grow_with_threads() {
+        assert_eq!(window_bytes(&comp("lzma,level=6", 1 << 20)), 128 << 20);
+        assert_eq!(window_bytes(&comp("lz4hc,level=12", 128 << 10)), 64 << 20);
+    }
 }

@@ -118,6 +118,12 @@ pub struct BuildArgs {
     /// Worker threads (0 = all cores). Output is identical for any value.
     #[arg(short = 'j', long, default_value_t = 0)]
     threads: usize,
+    /// Peak memory to stay under (e.g. 512m, 2g; 0: no limit). With LZMA, or zstd
+    /// from level 10, at big pclusters each compression thread's codec takes tens of
+    /// MiB: fewer threads than -j run when more would not fit (a warning says so).
+    /// Output is identical for any value.
+    #[arg(long, value_name = "SIZE", default_value = "512m")]
+    memory_limit: String,
     /// fsync the image before renaming it into place (crash-safe, slower).
     #[arg(long)]
     fsync: bool,
@@ -301,6 +307,7 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
         o.sort = read_sort_list(s)?;
     }
     o.threads = a.threads;
+    o.memory_limit = crate::source::parse_size("--memory-limit", &a.memory_limit)?;
     o.fsync = a.fsync;
     o.fsverity_digests = a.fsverity_digests;
     if a.verity {

@@ -284,3 +284,49 @@ fn builder_counts_file_bytes_as_it_goes() {
         }
     }
 }
+
+/// `--memory-limit`: LZMA at 1 MiB pclusters keeps about 45 MiB of codec state a
+/// compression thread; under a limit that fits two, `-j 8` runs two and says so, with
+/// the image of `-j 1`; with no limit, no warning; a bad size is refused.
+#[test]
+fn memory_limit_caps_compression_threads_with_a_warning() {
+    let dir = ferofs_testkit::scratch("report-memlimit");
+    let src = small_tree(dir.path());
+    let uuid = "01234567-89ab-cdef-0123-456789abcdef";
+    let base = ["-z", "lzma", "-C", "1048576", "-U", uuid, "-T", "1000000"];
+    let img = |n: &str| dir.path().join(n);
+    let with = |extra: &[&str], name: &str| {
+        let mut a: Vec<&str> = base.to_vec();
+        a.extend_from_slice(extra);
+        build_out(&a, &src, &img(name)).1
+    };
+    let warn = "2 compression threads, not 8";
+    let se = with(&["-j", "8", "--memory-limit", "512m"], "capped.erofs");
+    assert!(se.contains(warn), "no warning: {se}");
+    assert!(se.contains("--memory-limit"), "{se}");
+    let se = with(&["-j", "8", "--memory-limit", "0"], "free.erofs");
+    assert!(!se.contains("compression threads"), "{se}");
+    let se = with(&["-j", "2"], "two.erofs");
+    assert!(!se.contains("compression threads"), "{se}");
+    with(&["-j", "1"], "one.erofs");
+    let one = std::fs::read(img("one.erofs")).expect("read");
+    for n in ["capped.erofs", "free.erofs", "two.erofs"] {
+        assert!(
+            std::fs::read(img(n)).expect("read") == one,
+            "{n} differs from -j 1"
+        );
+    }
+    let out = ferofs()
+        .args(["build", "--memory-limit", "12q"])
+        .arg(&src)
+        .arg(img("bad.erofs"))
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        se.contains("--memory-limit 12q: unknown size suffix"),
+        "{se}"
+    );
+    assert!(!img("bad.erofs").exists());
+}

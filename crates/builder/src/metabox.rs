@@ -130,7 +130,7 @@ pub fn build(
                 skip: false,
                 similar: false,
             };
-            let threads = o.worker_threads();
+            let threads = zdata::fit_workers(o.worker_threads(), &mc, o.memory_limit);
             let (mut stored, end, _) = zdata::store_all(
                 &[req],
                 &mc,
@@ -138,6 +138,7 @@ pub fn build(
                 plan.bits,
                 mb_blk,
                 threads,
+                o.memory_limit,
                 None,
                 None,
                 &crate::Progress::default(),

@@ -363,13 +363,18 @@ pub fn fit_workers(threads: usize, c: &Compression, limit: u64) -> usize {
     threads.min(fit.max(2))
 }
 
-/// Input bytes the workers may run ahead of the committer: room for four segments
-/// (two workers with one segment each compressing and one each waiting), whatever the
-/// thread count, so that peak memory does not grow with `-j` by a window per thread
-/// (at 1 MiB pclusters that was 64 MiB a thread). More workers than that still
-/// share the window: small files come in batches of [`BATCH_BYTES`].
-fn window_bytes(c: &Compression) -> u64 {
-    WINDOW_BYTES.max(4 * segment_size(c.max_pcluster()))
+/// Input bytes the workers may run ahead of the committer: two segments a worker (one
+/// compressing, one done and waiting for its turn), at least four segments (what two
+/// workers have) and otherwise at most a quarter of the memory `limit` (0: no limit),
+/// so that peak memory does not grow with `-j` past the limit (at 1 MiB pclusters a
+/// worker's two segments are 64 MiB). Workers beyond the window still share it: small
+/// files come in batches of [`BATCH_BYTES`].
+fn window_bytes(c: &Compression, workers: usize, limit: u64) -> u64 {
+    let seg = segment_size(c.max_pcluster());
+    let floor = WINDOW_BYTES.max(4 * seg);
+    let want = 2 * workers as u64 * seg;
+    let cap = if limit == 0 { u64::MAX } else { limit / 4 };
+    floor.max(want.min(cap))
 }
 /// Consecutive jobs a worker takes at once, up to this many input bytes (a bigger job
 /// goes alone): one hand-off per batch instead of one per small file, whose thread
@@ -1176,6 +1181,7 @@ pub fn store_all(
     bits: u8,
     mut next_blk: u64,
     threads: usize,
+    memory_limit: u64,
     mut frags: Option<&mut FragStore>,
     mut pcl: Option<&mut PclMap>,
     progress: &crate::Progress,
@@ -1381,7 +1387,7 @@ pub fn store_all(
         }
         Ok(())
     };
-    let window = window_bytes(c);
+    let window = window_bytes(c, threads, memory_limit);
     run_ordered(&jobs, threads, window, c, bs, progress, &mut commit)?;
     if let Some((f, p)) = pending.take() {
         let fs = frags;
@@ -2089,8 +2095,18 @@ mod tests {
     }
 
     #[test]
-    fn the_window_does_not_grow_with_threads() {
-        assert_eq!(window_bytes(&comp("lzma,level=6", 1 << 20)), 128 << 20);
-        assert_eq!(window_bytes(&comp("lz4hc,level=12", 128 << 10)), 64 << 20);
+    fn the_window_grows_with_threads_up_to_a_quarter_of_the_limit() {
+        let limit = crate::options::DEFAULT_MEMORY_LIMIT;
+        let lzma = comp("lzma,level=6", 1 << 20);
+        let lz4hc = comp("lz4hc,level=12", 128 << 10);
+        // Two workers: four segments (32 MiB at 1 MiB pclusters, 16 MiB below).
+        assert_eq!(window_bytes(&lzma, 2, limit), 128 << 20);
+        assert_eq!(window_bytes(&lz4hc, 2, limit), 64 << 20);
+        // More workers: two segments each, up to a quarter of the limit.
+        assert_eq!(window_bytes(&lz4hc, 3, limit), 96 << 20);
+        assert_eq!(window_bytes(&lz4hc, 8, limit), 128 << 20);
+        assert_eq!(window_bytes(&lzma, 8, limit), 128 << 20);
+        assert_eq!(window_bytes(&lz4hc, 8, 0), 256 << 20);
+        assert_eq!(window_bytes(&lzma, 8, 2 << 30), 512 << 20);
     }
 }

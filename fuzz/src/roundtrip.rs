@@ -728,5 +728,10 @@ pub fn run(data: &[u8]) {
         panic!("build failed: {e}\noptions: {:?}", spec.opts);
     }
     let image = std::fs::read(&out).expect("read image");
+    // FEROFS_ROUNDTRIP_KEEP=DIR: keep the tar and the image there (to rebuild or mount).
+    if let Some(k) = std::env::var_os("FEROFS_ROUNDTRIP_KEEP") {
+        std::fs::copy(&out, std::path::Path::new(&k).join("out.erofs")).expect("keep");
+        std::fs::write(std::path::Path::new(&k).join("in.tar"), &t).expect("keep");
+    }
     check(&spec, image);
 }

@@ -151,3 +151,75 @@ fn failed_refit_keeps_the_pcluster_it_would_replace() -> Res {
     }
     Ok(())
 }
+
+/// `-E fragments=SIZE` above `-C`: the packed inode compresses into pclusters of SIZE,
+/// so the image needs the big-pcluster index and config records, as a file whose
+/// pclusters span blocks does. The superblock looked at `-C`, the hints and the metabox
+/// only: the packed inode's index then said one block a pcluster, and its pclusters of
+/// more than one block did not decompress (the kernel: "failed to decompress", EUCLEAN).
+/// Found with lz4, `-C 4096`, `fragments=65536`, dedupe, no inline data
+/// (fuzz/known-failures had the input).
+#[test]
+fn packed_pclusters_above_the_cluster_size_get_big_pcluster_records() -> Res {
+    // Words from a small vocabulary: about 3:1 with LZ4, so a 64 KiB packed pcluster
+    // holds many blocks.
+    const WORDS: [&str; 8] = [
+        "erofs", "packed", "inode", "fragment", "tail", "of", "a", "the",
+    ];
+    let mut data = Vec::new();
+    let mut x = 7u64;
+    while data.len() < 200_000 {
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        data.extend_from_slice(WORDS[(x >> 61) as usize].as_bytes());
+        data.push(b' ');
+    }
+    let mut tar = header("f", 0o644, data.len(), b'0').to_vec();
+    tar.extend_from_slice(&data);
+    pad(&mut tar);
+    tar.extend_from_slice(&[0u8; 1024]);
+    let dir = tempfile::tempdir()?;
+    let kernel = ferofs_testkit::kernel_available(
+        "packed_pclusters_above_the_cluster_size_get_big_pcluster_records",
+    );
+    for alg in ["lz4", "lz4hc", "lzma", "zstd", "deflate"] {
+        for fragments in [
+            ferofs_builder::Fragments::All {
+                pcluster_size: 65_536,
+            },
+            ferofs_builder::Fragments::Tails {
+                pcluster_size: 65_536,
+            },
+        ] {
+            let opts = BuildOptions {
+                compression: Some(Compression {
+                    algorithms: vec![ferofs_compress::CompressorSpec::parse(alg)?],
+                    pcluster_size: 4096,
+                    ztailpacking: false,
+                    hints: Vec::new(),
+                }),
+                fragments,
+                dedupe: true,
+                inline_data: false,
+                threads: 1,
+                ..Default::default()
+            };
+            let what = format!("{alg}, {fragments:?}");
+            let (src, out) = (dir.path().join("in.tar"), dir.path().join("out.erofs"));
+            std::fs::write(&src, &tar)?;
+            build_from_tars(&[TarInput::File(src)], &out, &opts)?;
+            let img = Image::open(&out)?;
+            let f = img.lookup(b"/f")?;
+            let back = img.read_to_vec(&f).map_err(|e| format!("{what}: {e}"))?;
+            assert!(back == data, "{what}: contents differ");
+            if kernel {
+                let m = ferofs_testkit::Mount::erofs(&out);
+                let got = std::fs::read(m.path().join("f"))
+                    .map_err(|e| format!("{what}: kernel read: {e}"))?;
+                assert!(got == data, "{what}: kernel read differs");
+            }
+        }
+    }
+    Ok(())
+}

@@ -130,7 +130,7 @@ pub fn build(
                 skip: false,
                 similar: false,
             };
-            let threads = zdata::fit_workers(o.worker_threads(), &mc, o.memory_limit);
+            let threads = o.worker_threads();
             let (mut stored, end, _) = zdata::store_all(
                 &[req],
                 &mc,

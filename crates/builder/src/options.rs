@@ -162,6 +162,19 @@ impl BuildOptions {
         self.layout48 || self.metabox || self.dot_omitted
     }
 
+    /// The packed inode's own pcluster size, when `-E fragments=SIZE` (or
+    /// `all-fragments=SIZE`) gives one; otherwise it takes the image's `-C`.
+    pub(crate) fn packed_pcluster(&self) -> Option<u32> {
+        match self.fragments {
+            Fragments::Tails { pcluster_size: p } | Fragments::All { pcluster_size: p }
+                if p > 0 =>
+            {
+                Some(p)
+            }
+            _ => None,
+        }
+    }
+
     /// The metabox inode's pcluster size, when it is compressed.
     pub(crate) fn metabox_pcluster(&self) -> Option<u32> {
         let c = self.compression.as_ref().filter(|_| self.metabox)?;

@@ -124,22 +124,10 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
         // Stable: unlisted files (rank MAX) keep inode order behind the listed ones.
         files.sort_by_key(|&(id, ..)| rank[id]);
     }
-    let threads = match &o.compression {
-        Some(c) => {
-            let asked = o.worker_threads();
-            let fit = zdata::fit_workers(asked, c, o.memory_limit);
-            if fit < asked {
-                placed.warnings.push(format!(
-                    "{fit} compression threads, not {asked}: more would not fit in the \
-                     memory limit of {} MiB with this codec and pcluster size \
-                     (--memory-limit raises it)",
-                    o.memory_limit >> 20
-                ));
-            }
-            fit
-        }
-        None => o.worker_threads(),
-    };
+    let threads = o.worker_threads();
+    if let Some(c) = &o.compression {
+        warn_if_fewer_workers(&mut placed.warnings, o, c);
+    }
     // Per file: what goes to the packed inode.
     let mut frag_modes: Vec<FragMode> = files
         .iter()
@@ -349,12 +337,26 @@ fn external_layout(device: u16, blkaddr: u64, size: u64, bits: u8) -> Result<Lay
     })
 }
 
+/// `store_all` runs fewer compression threads than `-j` when more would not fit in
+/// the memory limit with `c`'s codecs: say so (once per count).
+fn warn_if_fewer_workers(warnings: &mut Vec<String>, o: &BuildOptions, c: &zdata::Compression) {
+    let threads = o.worker_threads();
+    let fit = zdata::fit_workers(threads, c, o.memory_limit);
+    if fit < threads {
+        let w = format!(
+            "{fit} compression threads, not {threads}: more would not fit in the memory \
+             limit of {} MiB with this codec and pcluster size (--memory-limit raises it)",
+            o.memory_limit >> 20
+        );
+        if !warnings.contains(&w) {
+            warnings.push(w);
+        }
+    }
+}
+
 /// The packed inode's pcluster size.
 fn packed_pcluster(o: &BuildOptions, c: &zdata::Compression) -> u32 {
-    match o.fragments {
-        Fragments::Tails { pcluster_size: p } | Fragments::All { pcluster_size: p } if p > 0 => p,
-        _ => c.pcluster_size,
-    }
+    o.packed_pcluster().unwrap_or(c.pcluster_size)
 }
 
 /// How far back in the packed inode's data its codec finds a copy (LZ4's window,
@@ -405,7 +407,8 @@ pub fn store_packed(
         skip: false,
         similar: false,
     };
-    let threads = zdata::fit_workers(o.worker_threads(), c, o.memory_limit);
+    let threads = o.worker_threads();
+    warn_if_fewer_workers(&mut placed.warnings, o, &pc);
     // The packed inode's data is more to compress: the total grows by it.
     let progress = o.progress.clone().unwrap_or_default();
     progress.set_total(progress.total() + size);

@@ -47,18 +47,10 @@ impl ComprCfg {
         // The packed inode compresses with its own pcluster size (`-E fragments=SIZE`):
         // above the block size it needs the big-pcluster index and config records (and
         // LZMA's and zstd's dictionaries are sized from it), as any file's.
-        let packed_pcl = match o.fragments {
-            Fragments::Tails { pcluster_size: p } | Fragments::All { pcluster_size: p }
-                if p > 0 =>
-            {
-                Some(p)
-            }
-            _ => None,
-        };
         let max_pcl = std::iter::once(c.pcluster_size)
             .chain(c.hints.iter().map(|h| h.pcluster_size))
             .chain(o.metabox_pcluster())
-            .chain(packed_pcl)
+            .chain(o.packed_pcluster())
             .max()
             .unwrap_or(o.block_size);
         let mut algs = 0u16;

@@ -331,14 +331,15 @@ fn codec_state_bytes(s: &CompressorSpec, pcl: u32) -> u64 {
     let dict = u64::from(s.effective_dict(pcl));
     let pcl = u64::from(pcl);
     let buffers = 4 * pcl + (1 << 20);
+    use ferofs_compress::Algorithm;
     buffers
         + match s.encoder.algorithm() {
-            ferofs_compress::Algorithm::Lzma => 10 * dict,
+            Algorithm::Lzma => 10 * dict,
             // From level 10 libzstd keeps a binary tree over a window of several
             // pclusters of input.
-            ferofs_compress::Algorithm::Zstd if s.level >= 10 => 32 * pcl,
-            ferofs_compress::Algorithm::Zstd => 4 * pcl,
-            ferofs_compress::Algorithm::Lz4 | ferofs_compress::Algorithm::Deflate => 0,
+            Algorithm::Zstd if s.level >= 10 => 32 * pcl,
+            Algorithm::Zstd => 4 * pcl,
+            Algorithm::Lz4 | Algorithm::Deflate => 0,
         }
 }
 
@@ -1170,9 +1171,10 @@ pub struct FileReq {
     pub similar: bool,
 }
 
-/// Compress every file in `files` (inode order) and write the data at `next_blk`.
-/// Returns one `Stored` per file, the next free block and the input bytes handed to
-/// the compressors.
+/// Compress every file in `files` (inode order) and write the data at `next_blk`, on
+/// `threads` workers or fewer: as many as fit in `memory_limit` with `c`'s codecs
+/// ([`fit_workers`]). Returns one `Stored` per file, the next free block and the input
+/// bytes handed to the compressors.
 #[allow(clippy::too_many_arguments)] // the stage's whole hand-off
 pub fn store_all(
     files: &[FileReq],
@@ -1187,6 +1189,7 @@ pub fn store_all(
     progress: &crate::Progress,
 ) -> Result<(Vec<Stored>, u64, u64)> {
     let bs = 1u64 << bits;
+    let threads = fit_workers(threads, c, memory_limit);
     let shift_on = pcl.is_some();
     // Workers write fragment bytes to the spool themselves.
     let spool = frags.as_deref().map(FragStore::spool);

@@ -73,6 +73,23 @@ fn build(
     Ok(Image::open(&out)?)
 }
 
+/// Build `tar` (which holds a file `f`) with `opts` into `dir/out.erofs`; returns the
+/// image's path and `f` read back through the reader (errors name `what`).
+fn build_read_f(
+    tar: &[u8],
+    dir: &Path,
+    opts: &BuildOptions,
+    what: &str,
+) -> Result<(std::path::PathBuf, Vec<u8>), Box<dyn std::error::Error>> {
+    let (src, out) = (dir.join("in.tar"), dir.join("out.erofs"));
+    std::fs::write(&src, tar)?;
+    build_from_tars(&[TarInput::File(src)], &out, opts)?;
+    let img = Image::open(&out)?;
+    let f = img.lookup(b"/f")?;
+    let back = img.read_to_vec(&f).map_err(|e| format!("{what}: {e}"))?;
+    Ok((out, back))
+}
+
 /// The root's record (core and xattrs, no inline data) was always kept in one block, so
 /// a root with more xattr bytes than a block refused to build ("inline record larger
 /// than a block"); now it begins the stream of records that may cross blocks. Found
@@ -137,14 +154,9 @@ fn failed_refit_keeps_the_pcluster_it_would_replace() -> Res {
                     ..Default::default()
                 };
                 let what = format!("zstd {level}, pcluster {pcluster}, block {bs}");
-                let (src, out) = (dir.path().join("in.tar"), dir.path().join("out.erofs"));
-                std::fs::write(&src, &tar)?;
-                build_from_tars(&[TarInput::File(src)], &out, &opts)?;
+                let (out, back) = build_read_f(&tar, dir.path(), &opts, &what)?;
                 // zstd needs an fsck.erofs newer than Debian 12's 1.5.
                 ferofs_testkit::fsck_metabox(&out, &what);
-                let img = Image::open(&out)?;
-                let f = img.lookup(b"/f")?;
-                let back = img.read_to_vec(&f).map_err(|e| format!("{what}: {e}"))?;
                 assert!(back == data, "{what}: contents differ");
             }
         }
@@ -206,12 +218,7 @@ fn packed_pclusters_above_the_cluster_size_get_big_pcluster_records() -> Res {
                 ..Default::default()
             };
             let what = format!("{alg}, {fragments:?}");
-            let (src, out) = (dir.path().join("in.tar"), dir.path().join("out.erofs"));
-            std::fs::write(&src, &tar)?;
-            build_from_tars(&[TarInput::File(src)], &out, &opts)?;
-            let img = Image::open(&out)?;
-            let f = img.lookup(b"/f")?;
-            let back = img.read_to_vec(&f).map_err(|e| format!("{what}: {e}"))?;
+            let (out, back) = build_read_f(&tar, dir.path(), &opts, &what)?;
             assert!(back == data, "{what}: contents differ");
             if kernel {
                 let m = ferofs_testkit::Mount::erofs(&out);

@@ -249,12 +249,17 @@ impl Spooled {
             };
             let r = at_rel[k];
             k += 1;
-            if let (Some(r), Some(p)) = (r, seg.pieces.last()) {
+            if let (Some(r), Some(p)) = (r, seg.pieces.last_mut()) {
                 seg.spooled = Some(Spooled {
                     lstart: p.lstart,
                     len: p.bytes.len(),
                     at: base + r,
                 });
+                // A whole-file fragment is now only a place in the spool: its bytes
+                // need not wait for the committer in memory (see `job_weight`).
+                if job.frag == FragMode::Whole {
+                    p.bytes = Vec::new();
+                }
             }
         }
         Ok(())
@@ -264,6 +269,13 @@ impl Spooled {
     fn for_piece(s: Option<Spooled>, p: &Piece) -> Option<u64> {
         s.filter(|s| s.lstart == p.lstart && s.len == p.bytes.len())
             .map(|s| s.at)
+    }
+
+    /// Where a whole-file fragment's piece is in the spool, and its length (its bytes
+    /// were dropped once written there).
+    fn for_whole(s: Option<Spooled>, p: &Piece) -> Option<(u64, u64)> {
+        s.filter(|s| s.lstart == p.lstart && p.bytes.is_empty())
+            .map(|s| (s.at, s.len as u64))
     }
 }
 
@@ -319,6 +331,38 @@ const MAX_EXTENT_INPUT: usize = ferofs_format::PCLUSTER_MAX_DSIZE as usize;
 /// Segment size: a file compresses in independent pieces of this many bytes.
 fn segment_size(pcluster: u32) -> u64 {
     (32 * u64::from(pcluster)).max(16 << 20)
+}
+/// The length of the segment that starts with `rest` bytes left to compress in the
+/// pass: a whole segment while two or more remain, then about half of what is left,
+/// down to an eighth of a segment (whole MiB; at least 1 MiB). The last jobs of a pass
+/// are then short: with whole segments, one core compressed the last 32 MiB segment
+/// alone while the others had nothing left (about 4 s each at the end of the files'
+/// pass and of the packed inode's, LZMA at 1 MiB). Depends only on the tree, so the
+/// image is the same for any `-j`; each extra cut costs a part-full pcluster (rootfs,
+/// LZMA 1 MiB `-E smallest`: 16 KiB, 0.012 %), so only slow codecs taper
+/// ([`slow_codec`]).
+fn taper(seg: u64, rest: u64) -> u64 {
+    if rest >= 2 * seg {
+        return seg;
+    }
+    let floor = (seg / 8).max(1 << 20);
+    let len = (rest / 2).next_multiple_of(1 << 20).clamp(floor, seg);
+    if rest.saturating_sub(len) < floor {
+        rest.clamp(1, seg)
+    } else {
+        len
+    }
+}
+/// Codecs slow enough (under about 50 MB/s a core) for a whole last segment to keep
+/// one core busy alone for a second or more; the fast ones (LZ4, zstd below level 10:
+/// a 16 MiB segment in under 0.1 s) keep whole segments and their images.
+fn slow_codec(s: &CompressorSpec) -> bool {
+    use ferofs_compress::Encoder;
+    match s.encoder {
+        Encoder::Lz4 => false,
+        Encoder::Zstd => s.level >= 10,
+        Encoder::Lz4hc | Encoder::Lzma | Encoder::Deflate => true,
+    }
 }
 /// Input bytes handed to the workers at once, at least.
 const WINDOW_BYTES: u64 = 64 << 20;
@@ -1194,26 +1238,48 @@ pub fn store_all(
     // Workers write fragment bytes to the spool themselves.
     let spool = frags.as_deref().map(FragStore::spool);
     let mut jobs = Vec::new();
-    for (fi, f) in files.iter().enumerate() {
-        // A file of at most one block cannot shrink unless its compressed form goes
-        // inline (ztailpacking): compressed it still takes a block, raw its bytes go
-        // inline or take that one block. Not compressing it gives the same image.
-        // Files with holes keep them (chunk-based, uncompressed): the worker that opens
-        // one finds its holes and hands it back as `SegOut::holey`, to be stored here
-        // as it is (one open a file instead of one more to look for holes first).
-        let frag = if frags.is_none() {
+    // What compressing each file and those after it costs, for the taper at the end.
+    let frag_of = |f: &FileReq| {
+        if frags.is_none() {
             FragMode::None
         } else {
             f.frag
+        }
+    };
+    // A file of at most one block cannot shrink unless its compressed form goes
+    // inline (ztailpacking): compressed it still takes a block, raw its bytes go
+    // inline or take that one block. Not compressing it gives the same image.
+    // Files with holes keep them (chunk-based, uncompressed): the worker that opens
+    // one finds its holes and hands it back as `SegOut::holey`, to be stored here
+    // as it is (one open a file instead of one more to look for holes first).
+    let no_jobs = |f: &FileReq| {
+        f.skip || f.size == 0 || (!c.ztailpacking && frag_of(f) == FragMode::None && f.size <= bs)
+    };
+    let mut cost_after = vec![0u64; files.len() + 1];
+    for (fi, f) in files.iter().enumerate().rev() {
+        let cost = if no_jobs(f) || frag_of(f) == FragMode::Whole {
+            0
+        } else {
+            f.size
         };
-        if f.skip || f.size == 0 || (!c.ztailpacking && frag == FragMode::None && f.size <= bs) {
+        cost_after[fi] = cost_after[fi + 1] + cost;
+    }
+    for (fi, f) in files.iter().enumerate() {
+        let frag = frag_of(f);
+        if no_jobs(f) {
             continue;
         }
         let (alg, pcl) = policy(c, &f.rel);
         let seg = segment_size(pcl);
         let mut s = 0;
+        // Bounded: every pass moves `s` on by at least one byte (`taper` >= 1 MiB).
         while s < f.size {
-            let e = (s + seg).min(f.size);
+            let len = if frag == FragMode::Whole || !slow_codec(&c.algorithms[alg]) {
+                seg
+            } else {
+                taper(seg, cost_after[fi + 1] + (f.size - s))
+            };
+            let e = (s + len).min(f.size);
             jobs.push(Job {
                 file: fi,
                 src: f.src.clone(),
@@ -1337,8 +1403,8 @@ pub fn store_all(
                 .as_deref_mut()
                 .ok_or_else(|| BuildError::Options("internal: no fragment store".into()))?;
             for piece in seg.pieces {
-                match Spooled::for_piece(seg.spooled, &piece) {
-                    Some(at) => fs.push_spooled(at, piece.bytes.len() as u64)?,
+                match Spooled::for_whole(seg.spooled, &piece) {
+                    Some((at, len)) => fs.push_spooled(at, len)?,
                     None => fs.push(&piece.bytes)?,
                 }
             }
@@ -1451,11 +1517,27 @@ fn compress_batch(
     rs
 }
 
+/// What a job's result holds in memory until it is committed, in bytes: about its
+/// input (compressed pieces, the bytes kept for a file that may not shrink or for
+/// shifted dedupe), but next to nothing for a whole-file fragment, whose bytes the
+/// worker writes to the spool and drops. Counting those as input stalled a worker:
+/// while the other compressed a 32 MiB segment of a big file, it raced through 128 MiB
+/// of small files to the window's edge and waited there (seconds at LZMA 1 MiB).
+fn job_weight(j: &Job) -> u64 {
+    if j.frag == FragMode::Whole && j.spool.is_some() {
+        HELD_PER_SPOOLED_JOB
+    } else {
+        j.end - j.start
+    }
+}
+/// Held by a whole-file fragment's result (its sketch, hash and places), rounded up.
+const HELD_PER_SPOOLED_JOB: u64 = 1024;
+
 /// Run `jobs` on `threads` workers and hand each result to `commit` in job order, on
 /// the calling thread. Workers take batches of consecutive jobs (about `BATCH_BYTES`
-/// of input) in order and start a batch only while it lies less than `window` input
-/// bytes past the first uncommitted job, so memory stays bounded while compression and
-/// commits overlap. The first error stops everything.
+/// of input) in order and start a batch only while it lies less than `window` bytes
+/// (held in memory, [`job_weight`]) past the first uncommitted job, so memory stays
+/// bounded while compression and commits overlap. The first error stops everything.
 /// With one thread (`-j 1`) there are no workers: the calling thread compresses each
 /// job and commits it, so the build uses one core, with the same output.
 fn run_ordered(
@@ -1467,14 +1549,18 @@ fn run_ordered(
     progress: &crate::Progress,
     commit: &mut dyn FnMut(&Job, SegOut) -> Result<()>,
 ) -> Result<()> {
-    // Input bytes before each job.
+    // Input bytes before each job, and what the jobs before it hold until committed.
     let mut cum = Vec::with_capacity(jobs.len() + 1);
-    let mut acc = 0u64;
+    let mut held = Vec::with_capacity(jobs.len() + 1);
+    let (mut acc, mut acc_held) = (0u64, 0u64);
     for j in jobs {
         cum.push(acc);
+        held.push(acc_held);
         acc += j.end - j.start;
+        acc_held += job_weight(j);
     }
     cum.push(acc);
+    held.push(acc_held);
     // Batch b is jobs `bounds[b]..bounds[b + 1]`.
     let mut bounds = vec![0usize];
     for i in 1..=jobs.len() {
@@ -1521,8 +1607,8 @@ fn run_ordered(
     std::thread::scope(|s| {
         for _ in 0..threads.max(1) {
             let tx = tx.clone();
-            let (next, committed, moved, stop, cum, halt, bounds) =
-                (&next, &committed, &moved, &stop, &cum, &halt, &bounds);
+            let (next, committed, moved, stop, held, halt, bounds) =
+                (&next, &committed, &moved, &stop, &held, &halt, &bounds);
             s.spawn(move || {
                 let _guard = OnPanic(halt);
                 let mut comps = HashMap::default();
@@ -1535,7 +1621,7 @@ fn run_ordered(
                     }
                     let (first, end) = (bounds[b], bounds[b + 1]);
                     let mut done = committed.lock().unwrap_or_else(|e| e.into_inner());
-                    while cum[first] >= *done + window && !stop.load(Ordering::SeqCst) {
+                    while held[first] >= *done + window && !stop.load(Ordering::SeqCst) {
                         done = moved.wait(done).unwrap_or_else(|e| e.into_inner());
                     }
                     drop(done);
@@ -1576,7 +1662,7 @@ fn run_ordered(
                 }
                 b += 1;
                 let mut done = committed.lock().unwrap_or_else(|e| e.into_inner());
-                *done = cum[end];
+                *done = held[end];
                 moved.notify_all();
             }
             Ok(())
@@ -2111,5 +2197,33 @@ mod tests {
         assert_eq!(window_bytes(&lzma, 8, limit), 128 << 20);
         assert_eq!(window_bytes(&lz4hc, 8, 0), 256 << 20);
         assert_eq!(window_bytes(&lzma, 8, 2 << 30), 512 << 20);
+    }
+
+    #[test]
+    fn segments_taper_at_the_end_of_a_pass() {
+        const M: u64 = 1 << 20;
+        let seg = 32 * M;
+        // Segment lengths for `rest` bytes left, as store_all cuts one file.
+        let cuts = |mut rest: u64| {
+            let mut v = Vec::new();
+            // Bounded: taper is at least 1 MiB or the rest.
+            while rest > 0 {
+                let len = taper(seg, rest).min(rest);
+                v.push(len / M);
+                rest -= len;
+            }
+            v
+        };
+        assert_eq!(cuts(128 * M), [32, 32, 32, 16, 8, 4, 4]);
+        assert_eq!(cuts(33 * M), [17, 8, 4, 4]);
+        assert_eq!(cuts(7 * M), [7]);
+        assert_eq!(cuts(3 * M), [3]);
+        // Nothing tapers while two segments or more remain.
+        assert_eq!(taper(seg, 64 * M), seg);
+        assert_eq!(taper(seg, u64::MAX), seg);
+        // Small pclusters: 16 MiB segments, down to 2 MiB.
+        assert_eq!(taper(16 * M, 20 * M), 10 * M);
+        assert_eq!(taper(16 * M, 5 * M), 3 * M);
+        assert_eq!(taper(16 * M, 3 * M), 3 * M);
     }
 }

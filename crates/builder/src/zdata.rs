@@ -1262,7 +1262,7 @@ pub fn store_all(
         } else {
             f.size
         };
-        cost_after[fi] = cost_after[fi + 1] + cost;
+        cost_after[fi] = cost_after[fi + 1].saturating_add(cost);
     }
     for (fi, f) in files.iter().enumerate() {
         let frag = frag_of(f);
@@ -1277,7 +1277,7 @@ pub fn store_all(
             let len = if frag == FragMode::Whole || !slow_codec(&c.algorithms[alg]) {
                 seg
             } else {
-                taper(seg, cost_after[fi + 1] + (f.size - s))
+                taper(seg, cost_after[fi + 1].saturating_add(f.size - s))
             };
             let e = (s + len).min(f.size);
             jobs.push(Job {

@@ -1238,7 +1238,6 @@ pub fn store_all(
     // Workers write fragment bytes to the spool themselves.
     let spool = frags.as_deref().map(FragStore::spool);
     let mut jobs = Vec::new();
-    // What compressing each file and those after it costs, for the taper at the end.
     let frag_of = |f: &FileReq| {
         if frags.is_none() {
             FragMode::None
@@ -1255,6 +1254,7 @@ pub fn store_all(
     let no_jobs = |f: &FileReq| {
         f.skip || f.size == 0 || (!c.ztailpacking && frag_of(f) == FragMode::None && f.size <= bs)
     };
+    // What compressing each file and those after it costs, for the taper at the end.
     let mut cost_after = vec![0u64; files.len() + 1];
     for (fi, f) in files.iter().enumerate().rev() {
         let cost = if no_jobs(f) || frag_of(f) == FragMode::Whole {
@@ -1271,13 +1271,15 @@ pub fn store_all(
         }
         let (alg, pcl) = policy(c, &f.rel);
         let seg = segment_size(pcl);
+        // Whole-file fragments are only spooled here: nothing to taper.
+        let tapers = frag != FragMode::Whole && slow_codec(&c.algorithms[alg]);
         let mut s = 0;
         // Bounded: every pass moves `s` on by at least one byte (`taper` >= 1 MiB).
         while s < f.size {
-            let len = if frag == FragMode::Whole || !slow_codec(&c.algorithms[alg]) {
-                seg
-            } else {
+            let len = if tapers {
                 taper(seg, cost_after[fi + 1].saturating_add(f.size - s))
+            } else {
+                seg
             };
             let e = (s + len).min(f.size);
             jobs.push(Job {

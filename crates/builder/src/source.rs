@@ -40,6 +40,13 @@ pub enum Source {
         file: Arc<Path>,
         segs: Arc<[Segment]>,
     },
+    /// Data segments of the fragments' spool (the packed inode's data): as `Sparse`,
+    /// with places past [`crate::frag::IN_PLACE`] read from the source files they
+    /// refer to.
+    Spooled {
+        spool: Arc<crate::frag::Spool>,
+        segs: Arc<[Segment]>,
+    },
     /// On an extra device of the image, contiguous from block `blkaddr` (tar index
     /// mode: the tar is the device). Never read: the image only points at it.
     External { device: u16, blkaddr: u64 },
@@ -54,6 +61,7 @@ impl Source {
         match self {
             Source::Path(p) | Source::Scanned { path: p, .. } => p,
             Source::Range { file, .. } | Source::Sparse { file, .. } => file,
+            Source::Spooled { spool, .. } => spool.path(),
             Source::External { .. } => Path::new("(extra device)"),
             Source::Erofs(e) => &e.image.path,
         }
@@ -135,6 +143,22 @@ impl Reader<'_> {
             }
             Source::External { .. } => Err(std::io::ErrorKind::Unsupported.into()),
             Source::Erofs(e) => e.read_exact_at(buf, off),
+            Source::Spooled { spool, segs } => {
+                let end = off
+                    .checked_add(buf.len() as u64)
+                    .filter(|&e| e <= self.size)
+                    .ok_or(std::io::ErrorKind::UnexpectedEof)?;
+                let mut pos = off;
+                for (a, b, at) in crate::frag::spool_ranges(segs, off, end) {
+                    buf[(pos - off) as usize..(a - off) as usize].fill(0);
+                    spool
+                        .read_at(&mut buf[(a - off) as usize..(b - off) as usize], at)
+                        .map_err(|e| std::io::Error::other(e.to_string()))?;
+                    pos = b;
+                }
+                buf[(pos - off) as usize..].fill(0);
+                Ok(())
+            }
             Source::Sparse { segs, .. } => {
                 let end = off
                     .checked_add(buf.len() as u64)
@@ -187,6 +211,21 @@ impl Reader<'_> {
                 if data.len() - before != len {
                     return Err(shrank());
                 }
+            }
+            Source::Spooled { spool, segs } => {
+                let end = start
+                    .checked_add(len as u64)
+                    .filter(|&e| e <= self.size)
+                    .ok_or_else(shrank)?;
+                let before = data.len();
+                data.reserve(len);
+                let mut pos = start;
+                for (a, b, at) in crate::frag::spool_ranges(segs, start, end) {
+                    data.resize(data.len() + (a - pos) as usize, 0);
+                    spool.read_into(at, b - a, data, &self.f)?;
+                    pos = b;
+                }
+                data.resize(before + len, 0);
             }
             Source::Sparse { segs, .. } => {
                 // Segment by segment into fresh capacity; only holes are zeroed.
@@ -246,7 +285,7 @@ impl Reader<'_> {
             }
             Source::Range { .. } | Source::External { .. } => None,
             Source::Erofs(e) => e.segments(),
-            Source::Sparse { segs, .. } => {
+            Source::Sparse { segs, .. } | Source::Spooled { segs, .. } => {
                 let mut v: Vec<(u64, u64)> = Vec::with_capacity(segs.len());
                 for s in segs.iter().filter(|s| s.len > 0) {
                     let e = (s.start + s.len).min(self.size);

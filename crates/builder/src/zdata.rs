@@ -218,9 +218,13 @@ impl Spooled {
     /// Write the fragment pieces of a worker's consecutive jobs to the spool, one
     /// behind the other with one reservation (so they stay contiguous in the spool
     /// as in the packed inode), and note where in each `SegOut`.
+    /// A scanned file's fragment is not copied: the spool refers to the file, whose
+    /// bytes are read again where they are when the packed inode is compressed.
     fn put_batch(jobs: &[Job], outs: &mut [Result<SegOut>]) -> Result<()> {
         let mut spool = None;
         let mut parts: Vec<&[u8]> = Vec::new();
+        // Per job with a spool: its piece's place, relative to the batch's write
+        // (false) or final (true).
         let mut at_rel = Vec::new();
         let mut rel = 0u64;
         for (job, out) in jobs.iter().zip(outs.iter()) {
@@ -228,20 +232,25 @@ impl Spooled {
                 continue;
             };
             // A whole-fragment job's one piece, or a file's tail fragment.
-            match seg.pieces.last() {
-                Some(p) if p.frag && (job.frag == FragMode::Whole || job.last) => {
+            match (seg.pieces.last(), &job.src) {
+                (Some(p), Source::Scanned { path, stamp })
+                    if p.frag && (job.frag == FragMode::Whole || job.last) =>
+                {
+                    at_rel.push(Some((sp.refer(path, job.size, *stamp) + p.lstart, true)));
+                }
+                (Some(p), _) if p.frag && (job.frag == FragMode::Whole || job.last) => {
                     spool = Some(sp);
                     parts.push(&p.bytes);
-                    at_rel.push(Some(rel));
+                    at_rel.push(Some((rel, false)));
                     rel += p.bytes.len() as u64;
                 }
                 _ => at_rel.push(None),
             }
         }
-        let Some(sp) = spool else {
-            return Ok(());
+        let base = match spool {
+            Some(sp) => sp.put_all(&parts)?,
+            None => 0,
         };
-        let base = sp.put_all(&parts)?;
         let mut k = 0;
         for (job, out) in jobs.iter().zip(outs.iter_mut()) {
             let (Some(_), Ok(seg)) = (&job.spool, out) else {
@@ -249,11 +258,11 @@ impl Spooled {
             };
             let r = at_rel[k];
             k += 1;
-            if let (Some(r), Some(p)) = (r, seg.pieces.last_mut()) {
+            if let (Some((r, fixed)), Some(p)) = (r, seg.pieces.last_mut()) {
                 seg.spooled = Some(Spooled {
                     lstart: p.lstart,
                     len: p.bytes.len(),
-                    at: base + r,
+                    at: if fixed { r } else { base + r },
                 });
                 // A whole-file fragment is now only a place in the spool: its bytes
                 // need not wait for the committer in memory (see `job_weight`).
@@ -285,6 +294,8 @@ struct FragHash {
     lstart: u64,
     len: usize,
     hash: u128,
+    /// The key of its end in the fragment store's search by end (when long enough).
+    end: Option<u64>,
 }
 
 impl FragHash {
@@ -293,13 +304,18 @@ impl FragHash {
             lstart: p.lstart,
             len: p.bytes.len(),
             hash: crate::frag::frag_hash(&p.bytes),
+            end: p
+                .bytes
+                .len()
+                .checked_sub(crate::frag::SUFFIX_KEY as usize)
+                .map(|k| crate::frag::end_key_of(&p.bytes[k..])),
         }
     }
 
-    /// The hash, when it is that of `p`'s bytes.
-    fn for_piece(h: Option<FragHash>, p: &Piece) -> Option<u128> {
+    /// The hash and end key, when they are those of `p`'s bytes.
+    fn for_piece(h: Option<FragHash>, p: &Piece) -> Option<(u128, Option<u64>)> {
         h.filter(|h| h.lstart == p.lstart && h.len == p.bytes.len())
-            .map(|h| h.hash)
+            .map(|h| (h.hash, h.end))
     }
 }
 
@@ -1896,9 +1912,11 @@ fn finish_file(
     let bs = 1u64 << bits;
     if p.whole_frag {
         let fs = frags.ok_or_else(|| BuildError::Options("internal: no fragment store".into()))?;
-        return Ok(Stored::Fragment(
-            fs.end_sketched(p.frag_hash.map(|h| h.hash), p.sketch)? as u64,
-        ));
+        return Ok(Stored::Fragment(fs.end_known(
+            p.frag_hash.map(|h| h.hash),
+            p.frag_hash.and_then(|h| h.end),
+            p.sketch,
+        )? as u64));
     }
     let bytes = p.raw.take();
     let Some(last) = p.last.take() else {
@@ -2122,8 +2140,13 @@ fn finish_with_fragment(
     let hash = FragHash::for_piece(p.frag_hash, &last);
     // The bytes are in the spool already when a worker wrote them there.
     let add = |fs: &mut FragStore| match Spooled::for_piece(p.spooled, &last) {
-        Some(at) => fs.add_spooled(at, last.bytes.len() as u64, hash),
-        None => fs.add_hashed(&last.bytes, hash),
+        Some(at) => fs.add_spooled(
+            at,
+            last.bytes.len() as u64,
+            hash.map(|h| h.0),
+            hash.and_then(|h| h.1),
+        ),
+        None => fs.add_hashed(&last.bytes, hash.map(|h| h.0)),
     };
     if p.extents.is_empty() && last.lstart == 0 {
         return Ok(Stored::Fragment(add(fs)? as u64));

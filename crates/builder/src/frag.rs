@@ -64,6 +64,9 @@ struct Refs {
     /// The next free place (past [`IN_PLACE`]).
     next: u64,
     files: Vec<InPlace>,
+    /// Open handles kept, and how many may be.
+    kept: usize,
+    keep_max: usize,
 }
 
 /// A source file whose bytes are places `[base, base + size)` of the spool.
@@ -71,10 +74,33 @@ struct Refs {
 struct InPlace {
     base: u64,
     size: u64,
-    path: Arc<Path>,
-    /// As scanned: read again, the file must still be as the scan saw it.
-    stamp: crate::source::Stamp,
+    src: Arc<Held>,
 }
+
+/// A source file referred to: its path and stamp as scanned (read again, it must still
+/// be as the scan saw it), and the handle its first read opened, while the process may
+/// keep that many open (else it is opened again by path).
+#[derive(Debug)]
+struct Held {
+    path: PathBuf,
+    stamp: crate::source::Stamp,
+    file: Option<File>,
+}
+
+/// Open files the spool keeps at most: what the limit on open files leaves after a
+/// reserve for everything else (workers' files, the output, other spools), and no more
+/// than [`KEEP_MOST`].
+fn keep_max() -> usize {
+    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX);
+    let left = soft.saturating_sub(KEEP_RESERVE).saturating_sub(soft / 8);
+    usize::try_from(left).unwrap_or(usize::MAX).min(KEEP_MOST)
+}
+/// Open files left to the rest of the process.
+const KEEP_RESERVE: u64 = 256;
+/// Most open files kept (each holds a `struct file` in the kernel, about 256 bytes).
+const KEEP_MOST: usize = 1 << 20;
 
 /// Most buffers one `pwritev` takes.
 const IOV_MAX: usize = 1024;
@@ -88,25 +114,64 @@ impl Spool {
             refs: std::sync::Mutex::new(Refs {
                 next: IN_PLACE,
                 files: Vec::new(),
+                kept: 0,
+                keep_max: keep_max(),
             }),
         }
     }
 
     /// Give a scanned file of `size` bytes (at `path`, with `stamp` as scanned) places
     /// of the spool, so that its fragment bytes need not be copied: byte `k` of the
-    /// file is then place `base + k`. Returns `base`.
-    pub fn refer(&self, path: &Path, size: u64, stamp: crate::source::Stamp) -> u64 {
+    /// file is then place `base + k`. `file` is the handle that read it, kept open for
+    /// the second read (up to a limit; else it is closed and the path opened again).
+    /// Returns `base`.
+    pub fn refer(
+        &self,
+        path: &Path,
+        size: u64,
+        stamp: crate::source::Stamp,
+        file: Option<File>,
+    ) -> u64 {
         let mut r = self.refs.lock().unwrap_or_else(|e| e.into_inner());
         let base = r.next;
         // Places past u64 (2^62 bytes of files) are out of reach of any tree.
         r.next = r.next.saturating_add(size.max(1));
+        let file = file.filter(|_| r.kept < r.keep_max);
+        r.kept += usize::from(file.is_some());
         r.files.push(InPlace {
             base,
             size,
-            path: Arc::from(path),
-            stamp,
+            src: Arc::new(Held {
+                path: path.to_path_buf(),
+                stamp,
+                file,
+            }),
         });
         base
+    }
+
+    /// About `n` files will be referred to: make room for that many open files now,
+    /// while few threads run. The kernel grows a process's table of open files by
+    /// doubling it, and with other threads alive each growth waits for an RCU grace
+    /// period (milliseconds): a dozen of them in the middle of a build cost more than
+    /// the handles kept save on a tree of 15,000 files.
+    pub fn expect(&self, n: usize) {
+        let keep = {
+            let r = self.refs.lock().unwrap_or_else(|e| e.into_inner());
+            n.min(r.keep_max.saturating_sub(r.kept))
+        };
+        if keep == 0 {
+            return;
+        }
+        // The lowest free descriptor from there on: the table grows once to hold it.
+        let at = i32::try_from(keep.saturating_add(KEEP_RESERVE as usize)).unwrap_or(i32::MAX);
+        // Nothing lost if refused: the table grows as files are kept instead.
+        drop(rustix::io::fcntl_dupfd_cloexec(&self.file, at));
+    }
+
+    #[cfg(test)]
+    fn set_keep_max(&self, n: usize) {
+        self.refs.lock().unwrap_or_else(|e| e.into_inner()).keep_max = n;
     }
 
     /// The spool file's path.
@@ -121,7 +186,7 @@ impl Spool {
         &self,
         at: u64,
         len: u64,
-        mut each: impl FnMut(Option<(&Arc<Path>, crate::source::Stamp)>, u64, u64) -> Result<()>,
+        mut each: impl FnMut(Option<&Held>, u64, u64) -> Result<()>,
     ) -> Result<()> {
         if at < IN_PLACE {
             return each(None, at, len);
@@ -130,7 +195,7 @@ impl Spool {
         // Bounded: each pass covers at least one byte of one file, or fails.
         while done < len {
             let pos = at.saturating_add(done);
-            let (path, stamp, off, n) = {
+            let (held, off, n) = {
                 let r = self.refs.lock().unwrap_or_else(|e| e.into_inner());
                 let k = r.files.partition_point(|f| f.base <= pos);
                 let f = k
@@ -143,9 +208,9 @@ impl Spool {
                         ))
                     })?;
                 let off = pos - f.base;
-                (f.path.clone(), f.stamp, off, (f.size - off).min(len - done))
+                (f.src.clone(), off, (f.size - off).min(len - done))
             };
-            each(Some((&path, stamp)), off, n)?;
+            each(Some(&held), off, n)?;
             done += n;
         }
         Ok(())
@@ -163,9 +228,7 @@ impl Spool {
                     .file
                     .read_exact_at(dst, off)
                     .map_err(io_err(&self.path, "fragments: read spool")),
-                Some((path, stamp)) => {
-                    read_again(path, stamp, off, n, |f| f.read_exact_at(dst, off))
-                }
+                Some(held) => read_again(held, off, n, |f| f.read_exact_at(dst, off)),
             }
         })
     }
@@ -185,7 +248,13 @@ impl Spool {
         };
         self.parts(at, len, |file, off, n| match file {
             None => append(own, off, n, data).map_err(io_err(&self.path, "fragments: read spool")),
-            Some((path, stamp)) => read_again(path, stamp, off, n, |f| append(f, off, n, data)),
+            // A kept handle may be read by two threads at once: positional reads only.
+            Some(held) if held.file.is_some() => read_again(held, off, n, |f| {
+                let before = data.len();
+                data.resize(before + n as usize, 0);
+                f.read_exact_at(&mut data[before..], off)
+            }),
+            Some(held) => read_again(held, off, n, |f| append(f, off, n, data)),
         })
     }
 
@@ -857,16 +926,24 @@ pub(crate) fn spool_ranges(
         })
 }
 
-/// Open a scanned file again and `read` bytes `[off, off + n)` of it; an error naming
-/// it if it is gone, shorter, or no longer as the scan saw it.
+/// `read` bytes `[off, off + n)` of a scanned file again (on the handle kept, else
+/// opened again); an error naming it if it is gone, shorter, or no longer as the scan
+/// saw it.
 fn read_again(
-    path: &Path,
-    stamp: crate::source::Stamp,
+    held: &Held,
     off: u64,
     n: u64,
     read: impl FnOnce(&File) -> std::io::Result<()>,
 ) -> Result<()> {
-    let f = File::open(path).map_err(io_err(path, "fragments: open again"))?;
+    let (path, stamp) = (held.path.as_path(), held.stamp);
+    let opened;
+    let f = match &held.file {
+        Some(f) => f,
+        None => {
+            opened = File::open(path).map_err(io_err(path, "fragments: open again"))?;
+            &opened
+        }
+    };
     let changed = || BuildError::Invalid {
         path: path.to_path_buf(),
         what: format!(
@@ -874,7 +951,7 @@ fn read_again(
             off.saturating_add(n)
         ),
     };
-    read(&f).map_err(|e| match e.kind() {
+    read(f).map_err(|e| match e.kind() {
         std::io::ErrorKind::UnexpectedEof => changed(),
         _ => io_err(path, "fragments: read again")(e),
     })?;
@@ -1111,16 +1188,29 @@ mod tests {
         let sp = s.spool();
         let a = noise(1000, 11);
         let b = noise(300, 12);
-        let (pa, pb) = (dir.path().join("a"), dir.path().join("b"));
+        let c = noise(100, 14);
+        let (pa, pb, pc) = (
+            dir.path().join("a"),
+            dir.path().join("b"),
+            dir.path().join("c"),
+        );
         let scanned = |p: &Path, bytes: &[u8]| -> Result<crate::source::Stamp> {
             std::fs::write(p, bytes).map_err(io_err(p, "write"))?;
             let m = std::fs::metadata(p).map_err(io_err(p, "stat"))?;
             Ok(crate::source::stamp(&m))
         };
-        let (sa, sb) = (scanned(&pa, &a)?, scanned(&pb, &b)?);
-        let base_a = sp.refer(&pa, 1000, sa);
-        let base_b = sp.refer(&pb, 300, sb);
-        assert_eq!((base_a, base_b), (IN_PLACE, IN_PLACE + 1000));
+        let (sa, sb, sc) = (scanned(&pa, &a)?, scanned(&pb, &b)?, scanned(&pc, &c)?);
+        let open = |p: &Path| File::open(p).map_err(io_err(p, "open"));
+        // a's handle is kept; b has none; c's is not kept (over the limit), so b and
+        // c are opened again by path.
+        let base_a = sp.refer(&pa, 1000, sa, Some(open(&pa)?));
+        let base_b = sp.refer(&pb, 300, sb, None);
+        sp.set_keep_max(1);
+        let base_c = sp.refer(&pc, 100, sc, Some(open(&pc)?));
+        assert_eq!(
+            (base_a, base_b, base_c),
+            (IN_PLACE, IN_PLACE + 1000, IN_PLACE + 1300)
+        );
         // a's tail (its end key handed in, as a worker does), b whole, and bytes of
         // no file of their own, copied to the spool.
         let key = end_key_of(&a[1000 - SUFFIX_KEY as usize..]);
@@ -1141,10 +1231,25 @@ mod tests {
             "fragment offsets"
         );
         assert_eq!(packed_bytes(&p)?, [&a[200..], &b[..], b"xyz"].concat());
-        // b changed since the scan: its places no longer read, and the error names it.
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        std::fs::write(&pb, noise(300, 13)).map_err(io_err(&pb, "write"))?;
+        // A file removed: an error naming it (on a kept handle, its ctime moved).
+        for f in [&pa, &pb, &pc] {
+            std::fs::remove_file(f).map_err(io_err(f, "rm"))?;
+        }
         let mut buf = vec![0u8; 10];
+        match sp.read_at(&mut buf, base_a) {
+            Err(BuildError::Invalid { path, .. }) => assert_eq!(path, pa),
+            other => panic!("read of a removed file on its handle: {other:?}"),
+        }
+        for (base, path) in [(base_b, &pb), (base_c, &pc)] {
+            match sp.read_at(&mut buf, base) {
+                Err(BuildError::Io { path: p, .. }) => assert_eq!(&p, path),
+                other => panic!("read of a removed file: {other:?}"),
+            }
+        }
+        // A file changed since the scan: its places no longer read, and the error
+        // names it (the kept handle sees the change as well).
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        scanned(&pb, &noise(300, 13))?;
         match sp.read_at(&mut buf, base_b) {
             Err(BuildError::Invalid { path, what }) => {
                 assert_eq!(path, pb);
@@ -1152,16 +1257,37 @@ mod tests {
             }
             other => panic!("read of a changed file: {other:?}"),
         }
-        // a gone: an error naming it.
-        std::fs::remove_file(&pa).map_err(io_err(&pa, "rm"))?;
-        match sp.read_at(&mut buf, base_a) {
-            Err(BuildError::Io { path, .. }) => assert_eq!(path, pa),
-            other => panic!("read of a removed file: {other:?}"),
-        }
         // A place no file has.
         assert!(matches!(
             sp.read_at(&mut buf, IN_PLACE + 5000),
             Err(BuildError::Options(_))
+        ));
+        Ok(())
+    }
+
+    #[test]
+    fn a_kept_handle_sees_its_file_changed() -> Result<()> {
+        let (dir, s) = store(false)?;
+        let sp = s.spool();
+        let pa = dir.path().join("a");
+        std::fs::write(&pa, noise(500, 1)).map_err(io_err(&pa, "write"))?;
+        let m = std::fs::metadata(&pa).map_err(io_err(&pa, "stat"))?;
+        let f = File::open(&pa).map_err(io_err(&pa, "open"))?;
+        let base = sp.refer(&pa, 500, crate::source::stamp(&m), Some(f));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        // Rewritten in place (same inode): the kept handle reads new bytes, and the
+        // stamp tells.
+        std::fs::write(&pa, noise(500, 2)).map_err(io_err(&pa, "write"))?;
+        let mut buf = vec![0u8; 100];
+        match sp.read_at(&mut buf, base) {
+            Err(BuildError::Invalid { path, .. }) => assert_eq!(path, pa),
+            other => panic!("read of a changed file: {other:?}"),
+        }
+        let mut v = Vec::new();
+        let own = File::open(sp.path()).map_err(io_err(sp.path(), "open"))?;
+        assert!(matches!(
+            sp.read_into(base, 100, &mut v, &own),
+            Err(BuildError::Invalid { .. })
         ));
         Ok(())
     }

@@ -100,6 +100,11 @@ impl Reader<'_> {
         self.src.path()
     }
 
+    /// The open file (for a second read later, without opening it again).
+    pub fn into_file(self) -> File {
+        self.f
+    }
+
     /// After reading a scanned file: an error if it is not as the scan saw it (size,
     /// mtime, ctime), so a file written to during the build is reported, not stored
     /// half old, half new, nor with a size its metadata does not have. One fstat per

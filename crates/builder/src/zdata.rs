@@ -203,6 +203,9 @@ struct SegOut {
     sketch: Option<Sketch>,
     /// The file has holes: nothing compressed, the committer stores it as it is.
     holey: bool,
+    /// The file, still open, when the job hands a fragment of a scanned file to the
+    /// spool (which reads it again there: [`crate::frag::Spool::refer`]).
+    kept: Option<std::fs::File>,
 }
 
 /// A fragment piece written to the spool by the worker: its start in the file, length
@@ -227,18 +230,31 @@ impl Spooled {
         // (false) or final (true).
         let mut at_rel = Vec::new();
         let mut rel = 0u64;
+        // Scanned files first: the spool takes their handles.
+        let mut fixed = Vec::new();
+        for (job, out) in jobs.iter().zip(outs.iter_mut()) {
+            let (Some(sp), Ok(seg)) = (&job.spool, out) else {
+                continue;
+            };
+            let kept = seg.kept.take();
+            fixed.push(match (seg.pieces.last(), &job.src) {
+                (Some(p), Source::Scanned { path, stamp })
+                    if p.frag && (job.frag == FragMode::Whole || job.last) =>
+                {
+                    Some(sp.refer(path, job.size, *stamp, kept) + p.lstart)
+                }
+                _ => None,
+            });
+        }
+        let mut fixed = fixed.into_iter();
         for (job, out) in jobs.iter().zip(outs.iter()) {
             let (Some(sp), Ok(seg)) = (&job.spool, out) else {
                 continue;
             };
             // A whole-fragment job's one piece, or a file's tail fragment.
-            match (seg.pieces.last(), &job.src) {
-                (Some(p), Source::Scanned { path, stamp })
-                    if p.frag && (job.frag == FragMode::Whole || job.last) =>
-                {
-                    at_rel.push(Some((sp.refer(path, job.size, *stamp) + p.lstart, true)));
-                }
-                (Some(p), _) if p.frag && (job.frag == FragMode::Whole || job.last) => {
+            match (seg.pieces.last(), fixed.next().flatten()) {
+                (_, Some(at)) => at_rel.push(Some((at, true))),
+                (Some(p), None) if p.frag && (job.frag == FragMode::Whole || job.last) => {
                     spool = Some(sp);
                     parts.push(&p.bytes);
                     at_rel.push(Some((rel, false)));
@@ -480,10 +496,13 @@ fn compress_segment(
             spooled: None,
             sketch: None,
             holey: true,
+            kept: None,
         });
     }
     r.read_into(job.start, len, &mut data)?;
     r.unchanged()?;
+    // The spool reads a scanned file's fragment again where it is, on this handle.
+    let keeps = job.spool.is_some() && matches!(job.src, Source::Scanned { .. });
     if job.frag == FragMode::Whole {
         let piece = Piece {
             lstart: job.start,
@@ -508,11 +527,16 @@ fn compress_segment(
             spooled: None,
             sketch,
             holey: false,
+            kept: keeps.then(|| r.into_file()),
         });
     }
     let (pieces, fed) = compress_data(job, &data, comps, dst, c, bs)?;
     let frag_hash = match pieces.last() {
         Some(p) if p.frag && job.hash_frag && job.last => Some(FragHash::of(p)),
+        _ => None,
+    };
+    let kept = match pieces.last() {
+        Some(p) if p.frag && job.last && keeps => Some(r.into_file()),
         _ => None,
     };
     if job.shift {
@@ -531,6 +555,7 @@ fn compress_segment(
             spooled: None,
             sketch: None,
             holey: false,
+            kept,
         });
     }
     Ok(SegOut {
@@ -542,6 +567,7 @@ fn compress_segment(
         spooled: None,
         sketch: None,
         holey: false,
+        kept,
     })
 }
 
@@ -1251,8 +1277,16 @@ pub fn store_all(
     let bs = 1u64 << bits;
     let threads = fit_workers(threads, c, memory_limit);
     let shift_on = pcl.is_some();
-    // Workers write fragment bytes to the spool themselves.
+    // Workers write fragment bytes to the spool themselves (or hand it the scanned
+    // files, kept open, which it then reads again where they are).
     let spool = frags.as_deref().map(FragStore::spool);
+    if let Some(sp) = &spool {
+        let scanned = files
+            .iter()
+            .filter(|f| f.frag != FragMode::None && matches!(f.src, Source::Scanned { .. }))
+            .count();
+        sp.expect(scanned);
+    }
     let mut jobs = Vec::new();
     let frag_of = |f: &FileReq| {
         if frags.is_none() {

@@ -222,52 +222,28 @@ impl Reader<'_> {
                     .checked_add(len as u64)
                     .filter(|&e| e <= self.size)
                     .ok_or_else(shrank)?;
-                let before = data.len();
-                data.reserve(len);
-                let mut pos = start;
-                for (a, b, at) in crate::frag::spool_ranges(segs, start, end) {
-                    data.resize(data.len() + (a - pos) as usize, 0);
-                    spool.read_into(at, b - a, data, &self.f)?;
-                    pos = b;
-                }
-                data.resize(before + len, 0);
+                append_segments(segs, start, end, data, |at, n, data| {
+                    spool.read_into(at, n, data, &self.f)
+                })?;
             }
             Source::Sparse { segs, .. } => {
-                // Segment by segment into fresh capacity; only holes are zeroed.
                 let end = start
                     .checked_add(len as u64)
                     .filter(|&e| e <= self.size)
                     .ok_or_else(shrank)?;
-                let before = data.len();
-                data.reserve(len);
-                let first = segs.partition_point(|s| s.start + s.len <= start);
-                let mut pos = start;
                 let mut f = &self.f;
-                // Bounded by the number of segments.
-                for s in &segs[first..] {
-                    if s.start >= end {
-                        break;
-                    }
-                    // `max(pos)`: a no-op while the segments do not overlap.
-                    let a = s.start.max(pos);
-                    let b = (s.start + s.len).min(end);
-                    if a >= b {
-                        continue;
-                    }
-                    data.resize(data.len() + (a - pos) as usize, 0);
-                    f.seek(SeekFrom::Start(s.at + (a - s.start)))
+                append_segments(segs, start, end, data, |at, n, data| {
+                    f.seek(SeekFrom::Start(at))
                         .map_err(io_err(path, "compress: seek"))?;
-                    let want = (b - a) as usize;
                     let got = f
-                        .take(want as u64)
+                        .take(n)
                         .read_to_end(data)
                         .map_err(io_err(path, "compress: read"))?;
-                    if got != want {
+                    if got as u64 != n {
                         return Err(shrank());
                     }
-                    pos = b;
-                }
-                data.resize(before + len, 0);
+                    Ok(())
+                })?;
             }
             _ => {
                 let before = data.len();
@@ -304,4 +280,37 @@ impl Reader<'_> {
             }
         }
     }
+}
+
+/// Append logical bytes `[start, end)` of a file made of `segs` to `data`, segment by
+/// segment into fresh capacity (`read(at, n, data)` appends `n` bytes from byte `at` of
+/// the backing store); only holes are zeroed.
+fn append_segments(
+    segs: &[Segment],
+    start: u64,
+    end: u64,
+    data: &mut Vec<u8>,
+    mut read: impl FnMut(u64, u64, &mut Vec<u8>) -> Result<()>,
+) -> Result<()> {
+    let before = data.len();
+    data.reserve((end - start) as usize);
+    let first = segs.partition_point(|s| s.start + s.len <= start);
+    let mut pos = start;
+    // Bounded by the number of segments.
+    for s in &segs[first..] {
+        if s.start >= end {
+            break;
+        }
+        // `max(pos)`: a no-op while the segments do not overlap.
+        let a = s.start.max(pos);
+        let b = (s.start + s.len).min(end);
+        if a >= b {
+            continue;
+        }
+        data.resize(data.len() + (a - pos) as usize, 0);
+        read(s.at + (a - s.start), b - a, data)?;
+        pos = b;
+    }
+    data.resize(before + (end - start) as usize, 0);
+    Ok(())
 }

@@ -286,6 +286,31 @@ fn packed_images_are_identical_for_any_thread_count() {
                 Some(f) => assert!(f == &bytes, "-E {e} -j {j} differs from -j 1"),
             }
         }
+        // With 300 open files allowed, the spool keeps a handful of the fragments' files
+        // open for the packed inode's second read and opens the rest again by path
+        // (above, it keeps all): the same image.
+        let img = d.path().join("few-files.erofs");
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -n 300 && exec \"$0\" \"$@\"")
+            .arg(env!("CARGO_BIN_EXE_ferofs"))
+            .args([
+                "build", "-q", "-z", "lz4hc", "-C", "65536", "-E", e, "-j", "2",
+            ])
+            .arg(&src)
+            .arg(&img)
+            .output()
+            .expect("run sh");
+        assert!(
+            out.status.success(),
+            "-E {e} with 300 open files: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let bytes = std::fs::read(&img).expect("read");
+        assert!(
+            first.as_deref() == Some(&bytes[..]),
+            "-E {e} with 300 open files differs"
+        );
     }
 }
 

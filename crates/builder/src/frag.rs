@@ -526,19 +526,15 @@ impl FragStore {
 
     /// Close the open fragment, whose xxh3-128 is `hash` when known; returns its id.
     pub fn end_hashed(&mut self, hash: Option<u128>) -> Result<usize> {
-        self.end_sketched(hash, None)
+        self.end_known(hash, None, None)
     }
 
     /// Close the open fragment, whose xxh3-128 is `hash` when known; with a `sketch`
     /// of its contents, it may move beside alike fragments when the store is
-    /// finished. Returns its id.
-    pub fn end_sketched(&mut self, hash: Option<u128>, sketch: Option<Sketch>) -> Result<usize> {
-        self.end_known(hash, None, sketch)
-    }
-
-    /// As [`FragStore::end_sketched`], with the key of the fragment's end
-    /// ([`end_key_of`] of its last [`SUFFIX_KEY`] bytes) when the caller knows it (the
-    /// worker that read the bytes): else it is read back from the spool.
+    /// finished.
+    /// `end` is the key of its end ([`end_key_of`] of its last [`SUFFIX_KEY`] bytes)
+    /// when the caller knows it (the worker that read the bytes): else it is read back
+    /// from the spool. Returns its id.
     pub fn end_known(
         &mut self,
         hash: Option<u128>,
@@ -912,7 +908,7 @@ impl FragStore {
 
 /// The pieces of packed range `[off, end)` that `segs` hold, in order: (packed start,
 /// packed end, where the start is in the spool).
-pub(crate) fn spool_ranges(
+fn spool_ranges(
     segs: &[Segment],
     off: u64,
     end: u64,
@@ -1111,7 +1107,7 @@ mod tests {
     fn add_sketched(s: &mut FragStore, bytes: &[u8]) -> Result<usize> {
         s.begin();
         s.push(bytes)?;
-        s.end_sketched(None, crate::similar::sketch(bytes))
+        s.end_known(None, None, crate::similar::sketch(bytes))
     }
 
     #[test]

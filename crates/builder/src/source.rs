@@ -153,43 +153,18 @@ impl Reader<'_> {
                     .checked_add(buf.len() as u64)
                     .filter(|&e| e <= self.size)
                     .ok_or(std::io::ErrorKind::UnexpectedEof)?;
-                let mut pos = off;
-                for (a, b, at) in crate::frag::spool_ranges(segs, off, end) {
-                    buf[(pos - off) as usize..(a - off) as usize].fill(0);
+                fill_segments(segs, off, end, buf, |dst, at| {
                     spool
-                        .read_at(&mut buf[(a - off) as usize..(b - off) as usize], at)
-                        .map_err(|e| std::io::Error::other(e.to_string()))?;
-                    pos = b;
-                }
-                buf[(pos - off) as usize..].fill(0);
-                Ok(())
+                        .read_at(dst, at)
+                        .map_err(|e| std::io::Error::other(e.to_string()))
+                })
             }
             Source::Sparse { segs, .. } => {
                 let end = off
                     .checked_add(buf.len() as u64)
                     .filter(|&e| e <= self.size)
                     .ok_or(std::io::ErrorKind::UnexpectedEof)?;
-                // Bounded by the number of segments; holes (before, between and after
-                // the segments read) are zeroed.
-                let first = segs.partition_point(|s| s.start + s.len <= off);
-                let mut pos = off;
-                for s in &segs[first..] {
-                    if s.start >= end {
-                        break;
-                    }
-                    // `max(pos)`: a no-op while the segments do not overlap.
-                    let a = s.start.max(pos);
-                    let b = (s.start + s.len).min(end);
-                    if a >= b {
-                        continue;
-                    }
-                    buf[(pos - off) as usize..(a - off) as usize].fill(0);
-                    let dst = &mut buf[(a - off) as usize..(b - off) as usize];
-                    self.f.read_exact_at(dst, s.at + (a - s.start))?;
-                    pos = b;
-                }
-                buf[(pos - off) as usize..].fill(0);
-                Ok(())
+                fill_segments(segs, off, end, buf, |dst, at| self.f.read_exact_at(dst, at))
             }
         }
     }
@@ -282,18 +257,14 @@ impl Reader<'_> {
     }
 }
 
-/// Append logical bytes `[start, end)` of a file made of `segs` to `data`, segment by
-/// segment into fresh capacity (`read(at, n, data)` appends `n` bytes from byte `at` of
-/// the backing store); only holes are zeroed.
-fn append_segments(
+/// Call `each(a, b, at)` on the parts of logical range `[start, end)` that `segs` hold,
+/// in order: logical bytes `[a, b)` are at byte `at` of the backing store.
+fn each_segment<E>(
     segs: &[Segment],
     start: u64,
     end: u64,
-    data: &mut Vec<u8>,
-    mut read: impl FnMut(u64, u64, &mut Vec<u8>) -> Result<()>,
-) -> Result<()> {
-    let before = data.len();
-    data.reserve((end - start) as usize);
+    mut each: impl FnMut(u64, u64, u64) -> std::result::Result<(), E>,
+) -> std::result::Result<(), E> {
     let first = segs.partition_point(|s| s.start + s.len <= start);
     let mut pos = start;
     // Bounded by the number of segments.
@@ -307,10 +278,52 @@ fn append_segments(
         if a >= b {
             continue;
         }
-        data.resize(data.len() + (a - pos) as usize, 0);
-        read(s.at + (a - s.start), b - a, data)?;
+        each(a, b, s.at + (a - s.start))?;
         pos = b;
     }
+    Ok(())
+}
+
+/// Fill `buf` with logical bytes `[off, end)` of a file made of `segs` (`read(dst, at)`
+/// fills `dst` from byte `at` of the backing store); holes (before, between and after
+/// the segments read) are zeroed.
+fn fill_segments(
+    segs: &[Segment],
+    off: u64,
+    end: u64,
+    buf: &mut [u8],
+    mut read: impl FnMut(&mut [u8], u64) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let mut pos = off;
+    each_segment(segs, off, end, |a, b, at| {
+        buf[(pos - off) as usize..(a - off) as usize].fill(0);
+        read(&mut buf[(a - off) as usize..(b - off) as usize], at)?;
+        pos = b;
+        Ok::<_, std::io::Error>(())
+    })?;
+    buf[(pos - off) as usize..].fill(0);
+    Ok(())
+}
+
+/// Append logical bytes `[start, end)` of a file made of `segs` to `data`, segment by
+/// segment into fresh capacity (`read(at, n, data)` appends `n` bytes from byte `at` of
+/// the backing store); only holes are zeroed.
+fn append_segments(
+    segs: &[Segment],
+    start: u64,
+    end: u64,
+    data: &mut Vec<u8>,
+    mut read: impl FnMut(u64, u64, &mut Vec<u8>) -> Result<()>,
+) -> Result<()> {
+    let before = data.len();
+    data.reserve((end - start) as usize);
+    let mut pos = start;
+    each_segment(segs, start, end, |a, b, at| {
+        data.resize(data.len() + (a - pos) as usize, 0);
+        read(at, b - a, data)?;
+        pos = b;
+        Ok::<_, BuildError>(())
+    })?;
     data.resize(before + (end - start) as usize, 0);
     Ok(())
 }

@@ -221,73 +221,74 @@ impl Spooled {
     /// Write the fragment pieces of a worker's consecutive jobs to the spool, one
     /// behind the other with one reservation (so they stay contiguous in the spool
     /// as in the packed inode), and note where in each `SegOut`.
-    /// A scanned file's fragment is not copied: the spool refers to the file, whose
-    /// bytes are read again where they are when the packed inode is compressed.
+    /// A scanned file's fragment is not copied: the spool refers to the file (and
+    /// takes the handle that read it), whose bytes are read again where they are when
+    /// the packed inode is compressed.
     fn put_batch(jobs: &[Job], outs: &mut [Result<SegOut>]) -> Result<()> {
-        let mut spool = None;
-        let mut parts: Vec<&[u8]> = Vec::new();
-        // Per job with a spool: its piece's place, relative to the batch's write
-        // (false) or final (true).
-        let mut at_rel = Vec::new();
-        let mut rel = 0u64;
-        // Scanned files first: the spool takes their handles.
-        let mut fixed = Vec::new();
+        // A whole-fragment job's one piece, or a file's tail fragment.
+        let frag_piece = |job: &Job, seg: &SegOut| matches!(seg.pieces.last(), Some(p) if p.frag && (job.frag == FragMode::Whole || job.last));
         for (job, out) in jobs.iter().zip(outs.iter_mut()) {
-            let (Some(sp), Ok(seg)) = (&job.spool, out) else {
+            let (Some(sp), Ok(seg), Source::Scanned { path, stamp }) = (&job.spool, out, &job.src)
+            else {
                 continue;
             };
-            let kept = seg.kept.take();
-            fixed.push(match (seg.pieces.last(), &job.src) {
-                (Some(p), Source::Scanned { path, stamp })
-                    if p.frag && (job.frag == FragMode::Whole || job.last) =>
-                {
-                    Some(sp.refer(path, job.size, *stamp, kept) + p.lstart)
-                }
-                _ => None,
-            });
+            if frag_piece(job, seg) {
+                let lstart = seg.pieces.last().map_or(0, |p| p.lstart);
+                let base = sp.refer(path, job.size, *stamp, seg.kept.take());
+                Spooled::note(job, seg, base + lstart);
+            }
         }
-        let mut fixed = fixed.into_iter();
+        // The others: copied, in one write.
+        let mut spool = None;
+        let mut parts: Vec<&[u8]> = Vec::new();
+        // Per job with a spool: its piece's place relative to the write.
+        let mut at_rel = Vec::new();
+        let mut rel = 0u64;
         for (job, out) in jobs.iter().zip(outs.iter()) {
             let (Some(sp), Ok(seg)) = (&job.spool, out) else {
                 continue;
             };
-            // A whole-fragment job's one piece, or a file's tail fragment.
-            match (seg.pieces.last(), fixed.next().flatten()) {
-                (_, Some(at)) => at_rel.push(Some((at, true))),
-                (Some(p), None) if p.frag && (job.frag == FragMode::Whole || job.last) => {
+            match seg.pieces.last() {
+                Some(p) if seg.spooled.is_none() && frag_piece(job, seg) => {
                     spool = Some(sp);
                     parts.push(&p.bytes);
-                    at_rel.push(Some((rel, false)));
+                    at_rel.push(Some(rel));
                     rel += p.bytes.len() as u64;
                 }
                 _ => at_rel.push(None),
             }
         }
-        let base = match spool {
-            Some(sp) => sp.put_all(&parts)?,
-            None => 0,
+        let Some(sp) = spool else {
+            return Ok(());
         };
+        let base = sp.put_all(&parts)?;
         let mut k = 0;
         for (job, out) in jobs.iter().zip(outs.iter_mut()) {
             let (Some(_), Ok(seg)) = (&job.spool, out) else {
                 continue;
             };
-            let r = at_rel[k];
-            k += 1;
-            if let (Some((r, fixed)), Some(p)) = (r, seg.pieces.last_mut()) {
-                seg.spooled = Some(Spooled {
-                    lstart: p.lstart,
-                    len: p.bytes.len(),
-                    at: if fixed { r } else { base + r },
-                });
-                // A whole-file fragment is now only a place in the spool: its bytes
-                // need not wait for the committer in memory (see `job_weight`).
-                if job.frag == FragMode::Whole {
-                    p.bytes = Vec::new();
-                }
+            if let Some(r) = at_rel[k] {
+                Spooled::note(job, seg, base + r);
             }
+            k += 1;
         }
         Ok(())
+    }
+
+    /// Note in `seg` that its last piece's bytes are at place `at` of the spool.
+    fn note(job: &Job, seg: &mut SegOut, at: u64) {
+        if let Some(p) = seg.pieces.last_mut() {
+            seg.spooled = Some(Spooled {
+                lstart: p.lstart,
+                len: p.bytes.len(),
+                at,
+            });
+            // A whole-file fragment is now only a place in the spool: its bytes
+            // need not wait for the committer in memory (see `job_weight`).
+            if job.frag == FragMode::Whole {
+                p.bytes = Vec::new();
+            }
+        }
     }
 
     /// Where `p`'s bytes are in the spool, when `s` was made from them.

@@ -87,6 +87,13 @@ struct Held {
     file: Option<File>,
 }
 
+/// An open handle of a scanned file that the spool agreed to keep for its second read
+/// ([`Spool::hold`]), counted against the limit from the moment it is held: a worker
+/// holds one a small file until its batch is handed to the spool, and a batch of a
+/// MiB of tiny files holds hundreds.
+#[derive(Debug)]
+pub struct Kept(File);
+
 /// Open files the spool keeps at most: what the limit on open files leaves after a
 /// reserve for everything else (workers' files, the output, other spools), and no more
 /// than [`KEEP_MOST`].
@@ -122,24 +129,33 @@ impl Spool {
         }
     }
 
+    /// Keep `file` open for a second read, if the limit on open files leaves room
+    /// (else it is closed here, and the path is opened again for that read).
+    pub fn hold(&self, file: File) -> Option<Kept> {
+        let mut r = self.refs.lock().unwrap_or_else(|e| e.into_inner());
+        (r.kept < r.keep_max).then(|| {
+            r.kept += 1;
+            Kept(file)
+        })
+    }
+
     /// Give a scanned file of `size` bytes (at `path`, with `stamp` as scanned) places
     /// of the spool, so that its fragment bytes need not be copied: byte `k` of the
-    /// file is then place `base + k`. `file` is the handle that read it, kept open for
-    /// the second read (up to a limit; else it is closed and the path opened again).
+    /// file is then place `base + k`. `file` is the handle that read it, if the spool
+    /// agreed to keep it ([`Spool::hold`]); else the second read opens the path again.
     /// Returns `base`.
     pub fn refer(
         &self,
         path: &Path,
         size: u64,
         stamp: crate::source::Stamp,
-        file: Option<File>,
+        file: Option<Kept>,
     ) -> u64 {
         let mut r = self.refs.lock().unwrap_or_else(|e| e.into_inner());
         let base = r.next;
         // Places past u64 (2^62 bytes of files) are out of reach of any tree.
         r.next = r.next.saturating_add(size.max(1));
-        let file = file.filter(|_| r.kept < r.keep_max);
-        r.kept += usize::from(file.is_some());
+        let file = file.map(|k| k.0);
         r.files.push(InPlace {
             base,
             size,
@@ -1201,10 +1217,12 @@ mod tests {
         let open = |p: &Path| File::open(p).map_err(io_err(p, "open"));
         // a's handle is kept; b has none; c's is not kept (over the limit), so b and
         // c are opened again by path.
-        let base_a = sp.refer(&pa, 1000, sa, Some(open(&pa)?));
+        let base_a = sp.refer(&pa, 1000, sa, sp.hold(open(&pa)?));
         let base_b = sp.refer(&pb, 300, sb, None);
         sp.set_keep_max(1);
-        let base_c = sp.refer(&pc, 100, sc, Some(open(&pc)?));
+        let held_c = sp.hold(open(&pc)?);
+        assert!(held_c.is_none(), "a second handle over a limit of one");
+        let base_c = sp.refer(&pc, 100, sc, held_c);
         assert_eq!(
             (base_a, base_b, base_c),
             (IN_PLACE, IN_PLACE + 1000, IN_PLACE + 1300)
@@ -1271,7 +1289,7 @@ mod tests {
         std::fs::write(&pa, noise(500, 1)).map_err(io_err(&pa, "write"))?;
         let m = std::fs::metadata(&pa).map_err(io_err(&pa, "stat"))?;
         let f = File::open(&pa).map_err(io_err(&pa, "open"))?;
-        let base = sp.refer(&pa, 500, crate::source::stamp(&m), Some(f));
+        let base = sp.refer(&pa, 500, crate::source::stamp(&m), sp.hold(f));
         std::thread::sleep(std::time::Duration::from_millis(20));
         // Rewritten in place (same inode): the kept handle reads new bytes, and the
         // stamp tells.

@@ -204,8 +204,9 @@ struct SegOut {
     /// The file has holes: nothing compressed, the committer stores it as it is.
     holey: bool,
     /// The file, still open, when the job hands a fragment of a scanned file to the
-    /// spool (which reads it again there: [`crate::frag::Spool::refer`]).
-    kept: Option<std::fs::File>,
+    /// spool (which reads it again there: [`crate::frag::Spool::refer`]) and the spool
+    /// agreed to keep it open.
+    kept: Option<crate::frag::Kept>,
 }
 
 /// A fragment piece written to the spool by the worker: its start in the file, length
@@ -502,8 +503,12 @@ fn compress_segment(
     }
     r.read_into(job.start, len, &mut data)?;
     r.unchanged()?;
-    // The spool reads a scanned file's fragment again where it is, on this handle.
-    let keeps = job.spool.is_some() && matches!(job.src, Source::Scanned { .. });
+    // The spool reads a scanned file's fragment again where it is, on this handle if
+    // it may keep one more open.
+    let keep = |r: crate::source::Reader| match (&job.spool, &job.src) {
+        (Some(sp), Source::Scanned { .. }) => sp.hold(r.into_file()),
+        _ => None,
+    };
     if job.frag == FragMode::Whole {
         let piece = Piece {
             lstart: job.start,
@@ -528,7 +533,7 @@ fn compress_segment(
             spooled: None,
             sketch,
             holey: false,
-            kept: keeps.then(|| r.into_file()),
+            kept: keep(r),
         });
     }
     let (pieces, fed) = compress_data(job, &data, comps, dst, c, bs)?;
@@ -537,7 +542,7 @@ fn compress_segment(
         _ => None,
     };
     let kept = match pieces.last() {
-        Some(p) if p.frag && job.last && keeps => Some(r.into_file()),
+        Some(p) if p.frag && job.last => keep(r),
         _ => None,
     };
     if job.shift {

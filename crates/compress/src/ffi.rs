@@ -409,23 +409,25 @@ pub mod zstd {
         }
 
         /// Compress the next `len` bytes of the input (clamped to what is left) into
-        /// `out` (grown to the worst case first), ending the frame after them if
-        /// `end`. Returns the bytes written (the frame header comes with the first
-        /// piece), or None on a codec error (the frame is then unusable).
+        /// `out`, which then holds exactly the bytes written (its capacity grown to the
+        /// worst case first, without zeroing it: a piece of very compressible input may
+        /// be a 32 MiB segment, whose bound would otherwise be made resident for about
+        /// a pcluster of output), ending the frame after them if `end`. Returns the
+        /// bytes written (the frame header comes with the first piece), or None on a
+        /// codec error (the frame is then unusable).
         pub fn piece(&mut self, len: usize, end: bool, out: &mut Vec<u8>) -> Option<usize> {
             let len = len.min(self.src.len() - self.pos);
             let piece = &self.src[self.pos..self.pos + len];
             // SAFETY: pure function. 64 bytes more for the frame header and the end
             // block, which the bound of a piece does not count.
             let need = unsafe { ZSTD_compressBound(len) }.saturating_add(64);
-            if out.len() < need {
-                out.resize(need, 0);
-            }
+            out.clear();
+            out.reserve(need);
             // SAFETY: `piece` lies in `src`, which this frame borrows for its whole life,
             // right after the previous piece, so the window libzstd keeps (pointers to
-            // earlier pieces) stays valid and unmodified; `out` is writable for
-            // out.len() bytes, at least the worst case, and libzstd writes no more than
-            // the capacity it is given.
+            // earlier pieces) stays valid and unmodified; `out`'s buffer is writable for
+            // out.capacity() bytes, at least the worst case, and libzstd writes no more
+            // than the capacity it is given (it never reads the destination).
             let r = unsafe {
                 let f = if end {
                     ZSTD_compressEnd
@@ -435,15 +437,18 @@ pub mod zstd {
                 f(
                     self.frames.cctx.as_ptr(),
                     out.as_mut_ptr().cast::<c_void>(),
-                    out.len(),
+                    out.capacity(),
                     piece.as_ptr().cast::<c_void>(),
                     len,
                 )
             };
             // SAFETY: pure function on a return code.
-            if unsafe { ZSTD_isError(r) } != 0 {
+            if unsafe { ZSTD_isError(r) } != 0 || r > out.capacity() {
                 return None;
             }
+            // SAFETY: libzstd initialised the first `r` bytes of the buffer, within
+            // its capacity (checked above).
+            unsafe { out.set_len(r) };
             self.pos += len;
             Some(r)
         }

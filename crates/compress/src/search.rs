@@ -58,6 +58,9 @@ pub static TRIAL_BYTES: AtomicU64 = AtomicU64::new(0);
 
 /// Hard limit on trials per call; bisection alone converges in about 23 for 4 MiB.
 const MAX_TRIALS: usize = 48;
+/// Bytes of worst-case overhead a shorter input may have beyond a longer one's: zstd's
+/// bound adds up to 64 bytes under 128 KiB of input (`(128 KiB - n) >> 11`).
+const BOUND_SLACK: usize = 256;
 /// A refit accepts `max(cap >> REFIT_SLACK_SHIFT, REFIT_MIN_SLACK)` unused bytes.
 const REFIT_SLACK_SHIFT: u32 = 9;
 const REFIT_MIN_SLACK: usize = 8;
@@ -110,8 +113,10 @@ impl PrefixSearch {
     }
 
     /// Find the longest prefix of `src` whose compressed form fits `dst`, leaving it in
-    /// `dst`. `bound` is the codec's worst-case output for all of `src`;
-    /// `trial(prefix, out)` compresses `prefix` into `out` (`bound` long) and
+    /// `dst`. `bound` is the codec's worst-case output for all of `src` (its overhead
+    /// over the input must not shrink as the input grows, as zstd's and libdeflate's
+    /// do not); `trial(prefix, out)` compresses `prefix` into `out` (at least the
+    /// prefix's worst case long) and
     /// returns the size, or None on an internal codec error (then the best result so
     /// far is returned). Returns (consumed, written), (0, 0) when no useful prefix
     /// fits.
@@ -182,12 +187,19 @@ impl PrefixSearch {
                 .clamp(floor, len.saturating_sub(1).max(floor)),
             None => ((self.ratio * target) as usize).clamp(floor, len),
         };
-        let need = bound.max(cap);
-        if self.scratch.len() < need {
-            self.scratch.resize(need, 0);
-        }
-
         for _ in 0..MAX_TRIALS {
+            // Room for the worst case of this prefix, not of all of `src` (a trial
+            // of a few MiB need not grow the scratch to a 32 MiB segment's bound).
+            // The codecs' overhead over their input (`bound - len`) does not shrink
+            // as the input grows, so `n` plus it (and a little) covers `n`'s bound.
+            let need = n
+                .saturating_add(bound.saturating_sub(len))
+                .saturating_add(BOUND_SLACK)
+                .min(bound)
+                .max(cap);
+            if self.scratch.len() < need {
+                self.scratch.resize(need, 0);
+            }
             TRIALS.fetch_add(1, Ordering::Relaxed);
             TRIAL_BYTES.fetch_add(n as u64, Ordering::Relaxed);
             if known.is_some() {

@@ -89,8 +89,8 @@ struct Held {
 
 /// An open handle of a scanned file that the spool agreed to keep for its second read
 /// ([`Spool::hold`]), counted against the limit from the moment it is held: a worker
-/// holds one a small file until its batch is handed to the spool, and a batch of a
-/// MiB of tiny files holds hundreds.
+/// holds one for each small file of its batch until the batch reaches the spool, and
+/// a batch of a MiB of tiny files holds hundreds.
 #[derive(Debug)]
 pub struct Kept(File);
 

@@ -254,6 +254,27 @@ fn packed_random_trees_roundtrip_through_the_kernel() {
     }
 }
 
+/// `ferofs build -q ARGS SRC IMG` run with at most `limit` open files (`ulimit -n`);
+/// asserts that it succeeds (`what` names the case) and returns the image's bytes.
+fn build_with_open_files(limit: u32, src: &Path, img: &Path, args: &[&str], what: &str) -> Vec<u8> {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -n {limit} && exec \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_ferofs"))
+        .args(["build", "-q"])
+        .args(args)
+        .arg(src)
+        .arg(img)
+        .output()
+        .expect("run sh");
+    assert!(
+        out.status.success(),
+        "{what} with {limit} open files: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read(img).expect("read")
+}
+
 #[test]
 fn packed_images_are_identical_for_any_thread_count() {
     let d = scratch("packed-threads");
@@ -290,23 +311,13 @@ fn packed_images_are_identical_for_any_thread_count() {
         // open for the packed inode's second read and opens the rest again by path
         // (above, it keeps all): the same image.
         let img = d.path().join("few-files.erofs");
-        let out = std::process::Command::new("sh")
-            .arg("-c")
-            .arg("ulimit -n 300 && exec \"$0\" \"$@\"")
-            .arg(env!("CARGO_BIN_EXE_ferofs"))
-            .args([
-                "build", "-q", "-z", "lz4hc", "-C", "65536", "-E", e, "-j", "2",
-            ])
-            .arg(&src)
-            .arg(&img)
-            .output()
-            .expect("run sh");
-        assert!(
-            out.status.success(),
-            "-E {e} with 300 open files: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let bytes = build_with_open_files(
+            300,
+            &src,
+            &img,
+            &["-z", "lz4hc", "-C", "65536", "-E", e, "-j", "2"],
+            &format!("-E {e}"),
         );
-        let bytes = std::fs::read(&img).expect("read");
         assert!(
             first.as_deref() == Some(&bytes[..]),
             "-E {e} with 300 open files differs"
@@ -335,24 +346,14 @@ fn a_batch_of_tiny_files_stays_under_a_low_limit_on_open_files() {
     let want = std::fs::read(&free).expect("read");
     for j in ["2", "8"] {
         let img = d.path().join(format!("low-j{j}.erofs"));
-        let out = std::process::Command::new("sh")
-            .arg("-c")
-            .arg("ulimit -n 300 && exec \"$0\" \"$@\"")
-            .arg(env!("CARGO_BIN_EXE_ferofs"))
-            .args(["build", "-q", "-z", "lz4", "-E", "smallest", "-j", j])
-            .arg(&src)
-            .arg(&img)
-            .output()
-            .expect("run sh");
-        assert!(
-            out.status.success(),
-            "-j {j} with 300 open files: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let bytes = build_with_open_files(
+            300,
+            &src,
+            &img,
+            &["-z", "lz4", "-E", "smallest", "-j", j],
+            &format!("-j {j}"),
         );
-        assert!(
-            std::fs::read(&img).expect("read") == want,
-            "-j {j} with 300 open files differs"
-        );
+        assert!(bytes == want, "-j {j} with 300 open files differs");
     }
 }
 

@@ -285,7 +285,7 @@ impl Spooled {
                 at,
             });
             // A whole-file fragment is now only a place in the spool: its bytes
-            // need not wait for the committer in memory (see `job_weight`).
+            // need not wait for the committer in memory (see `held_bytes`).
             if job.frag == FragMode::Whole {
                 p.bytes = Vec::new();
             }
@@ -1575,27 +1575,45 @@ fn compress_batch(
     rs
 }
 
-/// What a job's result holds in memory until it is committed, in bytes: about its
-/// input (compressed pieces, the bytes kept for a file that may not shrink or for
-/// shifted dedupe), but next to nothing for a whole-file fragment, whose bytes the
-/// worker writes to the spool and drops. Counting those as input stalled a worker:
-/// while the other compressed a 32 MiB segment of a big file, it raced through 128 MiB
-/// of small files to the window's edge and waited there (seconds at LZMA 1 MiB).
-fn job_weight(j: &Job) -> u64 {
-    if j.frag == FragMode::Whole && j.spool.is_some() {
-        HELD_PER_SPOOLED_JOB
-    } else {
-        j.end - j.start
+/// Memory a job's result holds until it is committed, in bytes, about: its pieces,
+/// the input kept for a file that may not shrink or for shifted dedupe, and next to
+/// nothing for a whole-file fragment, whose bytes are in the spool by then.
+fn held_bytes(r: &Result<SegOut>) -> u64 {
+    let Ok(s) = r else { return 0 };
+    let pieces: usize = s
+        .pieces
+        .iter()
+        .map(|p| p.bytes.capacity() + std::mem::size_of::<Piece>())
+        .sum();
+    let raw = s.raw.as_ref().map_or(0, |b| b.capacity());
+    let shift = s.shift.as_ref().map_or(0, |(b, a)| {
+        b.capacity() + a.capacity() * std::mem::size_of::<(u32, u64)>()
+    });
+    (std::mem::size_of::<SegOut>() + pieces + raw + shift) as u64
+}
+
+/// The batches in flight: the first not committed, and what they hold in memory.
+struct Flow {
+    first: usize,
+    held: u64,
+}
+
+impl Flow {
+    /// Whether batch `b`, of `input` bytes, may start: when it is the next to commit
+    /// (so the build always moves on), or when its input fits in the window.
+    fn may_start(&self, b: usize, input: u64, window: u64) -> bool {
+        self.first == b || self.held.saturating_add(input) <= window
     }
 }
-/// Held by a whole-file fragment's result (its sketch, hash and places), rounded up.
-const HELD_PER_SPOOLED_JOB: u64 = 1024;
 
 /// Run `jobs` on `threads` workers and hand each result to `commit` in job order, on
 /// the calling thread. Workers take batches of consecutive jobs (about `BATCH_BYTES`
-/// of input) in order and start a batch only while it lies less than `window` bytes
-/// (held in memory, [`job_weight`]) past the first uncommitted job, so memory stays
-/// bounded while compression and commits overlap. The first error stops everything.
+/// of input) in order. The memory the batches in flight hold, counted as their input
+/// while they are compressed and as their results ([`held_bytes`]) once done, stays
+/// under `window`: a batch starts only when its input fits, or when it is the next to
+/// commit. So memory stays bounded while compression and commits overlap (counting
+/// each job as its input undercounted a whole file kept with its compressed pieces
+/// beside it, and overcounted a whole-file fragment). The first error stops everything.
 /// With one thread (`-j 1`) there are no workers: the calling thread compresses each
 /// job and commits it, so the build uses one core, with the same output.
 fn run_ordered(
@@ -1607,18 +1625,14 @@ fn run_ordered(
     progress: &crate::Progress,
     commit: &mut dyn FnMut(&Job, SegOut) -> Result<()>,
 ) -> Result<()> {
-    // Input bytes before each job, and what the jobs before it hold until committed.
+    // Input bytes before each job.
     let mut cum = Vec::with_capacity(jobs.len() + 1);
-    let mut held = Vec::with_capacity(jobs.len() + 1);
-    let (mut acc, mut acc_held) = (0u64, 0u64);
+    let mut acc = 0u64;
     for j in jobs {
         cum.push(acc);
-        held.push(acc_held);
         acc += j.end - j.start;
-        acc_held += job_weight(j);
     }
     cum.push(acc);
-    held.push(acc_held);
     // Batch b is jobs `bounds[b]..bounds[b + 1]`.
     let mut bounds = vec![0usize];
     for i in 1..=jobs.len() {
@@ -1642,7 +1656,7 @@ fn run_ordered(
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::{mpsc, Condvar, Mutex};
     let next = AtomicUsize::new(0);
-    let committed = Mutex::new(0u64);
+    let committed = Mutex::new(Flow { first: 0, held: 0 });
     let moved = Condvar::new();
     let stop = AtomicBool::new(false);
     let halt = || {
@@ -1661,12 +1675,12 @@ fn run_ordered(
     }
     // Per batch: the results of its jobs, in order, up to the first error.
     type Batch = Vec<Result<SegOut>>;
-    let (tx, rx) = mpsc::channel::<(usize, Batch)>();
+    let (tx, rx) = mpsc::channel::<(usize, Batch, u64)>();
     std::thread::scope(|s| {
         for _ in 0..threads.max(1) {
             let tx = tx.clone();
-            let (next, committed, moved, stop, held, halt, bounds) =
-                (&next, &committed, &moved, &stop, &held, &halt, &bounds);
+            let (next, committed, moved, stop, cum, halt, bounds) =
+                (&next, &committed, &moved, &stop, &cum, &halt, &bounds);
             s.spawn(move || {
                 let _guard = OnPanic(halt);
                 let mut comps = HashMap::default();
@@ -1678,33 +1692,43 @@ fn run_ordered(
                         break;
                     }
                     let (first, end) = (bounds[b], bounds[b + 1]);
-                    let mut done = committed.lock().unwrap_or_else(|e| e.into_inner());
-                    while held[first] >= *done + window && !stop.load(Ordering::SeqCst) {
-                        done = moved.wait(done).unwrap_or_else(|e| e.into_inner());
+                    let input = cum[end] - cum[first];
+                    let mut flow = committed.lock().unwrap_or_else(|e| e.into_inner());
+                    while !flow.may_start(b, input, window) && !stop.load(Ordering::SeqCst) {
+                        flow = moved.wait(flow).unwrap_or_else(|e| e.into_inner());
                     }
-                    drop(done);
+                    flow.held += input;
+                    drop(flow);
                     if stop.load(Ordering::SeqCst) {
                         break;
                     }
                     let batch =
                         compress_batch(&jobs[first..end], &mut comps, &mut dst, c, bs, progress);
-                    if tx.send((b, batch)).is_err() {
+                    let kept: u64 = batch.iter().map(held_bytes).sum();
+                    {
+                        let mut flow = committed.lock().unwrap_or_else(|e| e.into_inner());
+                        flow.held = flow.held.saturating_sub(input) + kept;
+                        if kept < input {
+                            moved.notify_all();
+                        }
+                    }
+                    if tx.send((b, batch, kept)).is_err() {
                         break;
                     }
                 }
             });
         }
         drop(tx);
-        let mut early: std::collections::BTreeMap<usize, Batch> = Default::default();
+        let mut early: std::collections::BTreeMap<usize, (Batch, u64)> = Default::default();
         let mut b = 0usize;
         let res = (|| -> Result<()> {
             // Bounded: each pass commits batch b or receives one batch.
             while b + 1 < bounds.len() {
-                let Some(rs) = early.remove(&b) else {
-                    let (i, rs) = rx.recv().map_err(|_| {
+                let Some((rs, kept)) = early.remove(&b) else {
+                    let (i, rs, kept) = rx.recv().map_err(|_| {
                         BuildError::Options("internal: compression workers stopped".into())
                     })?;
-                    early.insert(i, rs);
+                    early.insert(i, (rs, kept));
                     continue;
                 };
                 let (first, end) = (bounds[b], bounds[b + 1]);
@@ -1719,8 +1743,9 @@ fn run_ordered(
                     return Err(BuildError::Options("internal: batch cut short".into()));
                 }
                 b += 1;
-                let mut done = committed.lock().unwrap_or_else(|e| e.into_inner());
-                *done = held[end];
+                let mut flow = committed.lock().unwrap_or_else(|e| e.into_inner());
+                flow.first = b;
+                flow.held = flow.held.saturating_sub(kept);
                 moved.notify_all();
             }
             Ok(())
@@ -2246,6 +2271,21 @@ mod tests {
         assert_eq!(fit_workers(8, &lzma, 1 << 20), 2);
         assert_eq!(fit_workers(1, &lzma, 1 << 20), 1);
         assert_eq!(fit_workers(2, &lzma, limit), 2);
+    }
+
+    #[test]
+    fn a_batch_starts_only_when_its_input_fits_in_the_window_or_it_is_next() {
+        let f = Flow { first: 3, held: 60 };
+        assert!(f.may_start(4, 40, 100));
+        assert!(!f.may_start(4, 41, 100));
+        assert!(!f.may_start(9, 41, 100));
+        // The next batch to commit runs whatever it holds.
+        assert!(f.may_start(3, 1 << 40, 100));
+        let f = Flow {
+            first: 0,
+            held: u64::MAX,
+        };
+        assert!(!f.may_start(1, 1, 100));
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The only `unsafe` in ferofs: calls into the bundled C codecs (liblz4, liblzma, and
-//! libzstd's buffer-less block API).
+//! libzstd's buffer-less block API), and one tunable of glibc's malloc.
 //! Every function here takes and returns safe Rust types; each unsafe block states why
 //! it is sound. Audit this file when touching it.
 #![allow(unsafe_code)]
@@ -452,5 +452,26 @@ pub mod zstd {
             self.pos += len;
             Some(r)
         }
+    }
+}
+
+/// glibc's allocator, for the builder's threads: the codecs' buffers and the workers'
+/// results are its biggest users.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub mod malloc {
+    use std::os::raw::c_int;
+
+    extern "C" {
+        fn mallopt(param: c_int, value: c_int) -> c_int;
+    }
+    /// `M_ARENA_MAX` in glibc's malloc.h.
+    const M_ARENA_MAX: c_int = -8;
+
+    /// Let glibc create at most `n` arenas from now on; false if it refused.
+    pub fn set_arena_max(n: u32) -> bool {
+        let n = c_int::try_from(n).unwrap_or(c_int::MAX);
+        // SAFETY: mallopt takes two integers and returns one; M_ARENA_MAX only stores
+        // the bound that later arena creation reads, and is valid at any time.
+        unsafe { mallopt(M_ARENA_MAX, n) == 1 }
     }
 }

@@ -409,10 +409,11 @@ pub mod zstd {
         }
 
         /// Compress the next `len` bytes of the input (clamped to what is left) into
-        /// `out`, which then holds exactly the bytes written (its capacity grown to the
-        /// worst case first, without zeroing it: a piece of very compressible input may
-        /// be a 32 MiB segment, whose bound would otherwise be made resident for about
-        /// a pcluster of output), ending the frame after them if `end`. Returns the
+        /// `out`, which then holds exactly the bytes written (its capacity made the
+        /// worst case first if less, without zeroing or copying it: a piece of very
+        /// compressible input may be a 32 MiB segment, whose bound would otherwise be
+        /// made resident for about a pcluster of output), ending the frame after them
+        /// if `end`. Returns the
         /// bytes written (the frame header comes with the first piece), or None on a
         /// codec error (the frame is then unusable).
         pub fn piece(&mut self, len: usize, end: bool, out: &mut Vec<u8>) -> Option<usize> {
@@ -422,7 +423,13 @@ pub mod zstd {
             // block, which the bound of a piece does not count.
             let need = unsafe { ZSTD_compressBound(len) }.saturating_add(64);
             out.clear();
-            out.reserve(need);
+            if out.capacity() < need {
+                // Freed before the new one is taken, and not grown in place: growing
+                // copies the old capacity over (zstd 3 at 1 MiB pclusters, `-j 8`:
+                // about 14 MiB a worker made resident that way for a pcluster of output).
+                *out = Vec::new();
+                out.reserve_exact(need);
+            }
             // SAFETY: `piece` lies in `src`, which this frame borrows for its whole life,
             // right after the previous piece, so the window libzstd keeps (pointers to
             // earlier pieces) stays valid and unmodified; `out`'s buffer is writable for

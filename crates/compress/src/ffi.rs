@@ -413,9 +413,8 @@ pub mod zstd {
         /// worst case first if less, without zeroing or copying it: a piece of very
         /// compressible input may be a 32 MiB segment, whose bound would otherwise be
         /// made resident for about a pcluster of output), ending the frame after them
-        /// if `end`. Returns the
-        /// bytes written (the frame header comes with the first piece), or None on a
-        /// codec error (the frame is then unusable).
+        /// if `end`. Returns the bytes written (the frame header comes with the first
+        /// piece), or None on a codec error (the frame is then unusable).
         pub fn piece(&mut self, len: usize, end: bool, out: &mut Vec<u8>) -> Option<usize> {
             let len = len.min(self.src.len() - self.pos);
             let piece = &self.src[self.pos..self.pos + len];

@@ -416,7 +416,11 @@ fn codec_state_bytes(s: &CompressorSpec, pcl: u32) -> u64 {
             // From level 10 libzstd keeps a binary tree over a window of several
             // pclusters of input.
             Algorithm::Zstd if s.level >= 10 => 32 * pcl,
-            Algorithm::Zstd => 4 * pcl,
+            // Below level 10 the context is small, but each worker keeps an output
+            // buffer for a piece's worst case, several pclusters of input: zstd 3 at
+            // 1 MiB pclusters, linux tree, peak RSS rose 14-30 MiB a worker past four
+            // workers (480 MiB at `-j 8`, 531-542 at 12, 557-593 at 14).
+            Algorithm::Zstd => 12 * pcl,
             Algorithm::Lz4 | Algorithm::Deflate => 0,
         }
 }
@@ -2260,7 +2264,8 @@ mod tests {
         assert_eq!(fit_workers(8, &lzma, 0), 8);
         // zstd 15 at 1 MiB: 37 MiB a worker, three fit; zstd 3 keeps all eight.
         assert_eq!(fit_workers(8, &comp("zstd,level=15", 1 << 20), limit), 3);
-        assert_eq!(fit_workers(8, &comp("zstd,level=3", 1 << 20), limit), 8);
+        assert_eq!(fit_workers(8, &comp("zstd,level=3", 1 << 20), limit), 7);
+        assert_eq!(fit_workers(16, &comp("zstd,level=3", 128 << 10), limit), 16);
         // Small pclusters and light codecs: the thread count as asked.
         assert_eq!(fit_workers(8, &comp("lzma,level=6", 128 << 10), limit), 8);
         assert_eq!(

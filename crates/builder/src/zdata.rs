@@ -408,7 +408,10 @@ const WINDOW_BYTES: u64 = 64 << 20;
 fn codec_state_bytes(s: &CompressorSpec, pcl: u32) -> u64 {
     let dict = u64::from(s.effective_dict(pcl));
     let pcl = u64::from(pcl);
-    let buffers = 4 * pcl + (1 << 20);
+    // Every codec: the worker's output and refit buffers and what it allocates per
+    // batch (linux tree at 1 MiB pclusters, lz4 and deflate 6: 10-11 MiB more peak RSS
+    // a worker from 16 to 25 workers).
+    let buffers = 9 * pcl + (1 << 20);
     use ferofs_compress::Algorithm;
     buffers
         + match s.encoder.algorithm() {
@@ -419,8 +422,9 @@ fn codec_state_bytes(s: &CompressorSpec, pcl: u32) -> u64 {
             // Below level 10 the context is small, but each worker keeps an output
             // buffer for a piece's worst case, several pclusters of input: zstd 3 at
             // 1 MiB pclusters, linux tree, peak RSS rose 14-30 MiB a worker past four
-            // workers (480 MiB at `-j 8`, 531-542 at 12, 557-593 at 14).
-            Algorithm::Zstd => 12 * pcl,
+            // workers (480 MiB at `-j 8`, 531-542 at 12, 557-593 at 14; 18 MiB a
+            // worker here: seven under 512 MiB, 434-482 MiB at `-j 8` and `-j 16`).
+            Algorithm::Zstd => 8 * pcl,
             Algorithm::Lz4 | Algorithm::Deflate => 0,
         }
 }
@@ -2258,7 +2262,7 @@ mod tests {
         // LZMA at 1 MiB: a 4 MiB dictionary, 45 MiB a worker; a quarter of 512 MiB
         // holds two.
         let lzma = comp("lzma,level=6", 1 << 20);
-        assert_eq!(codec_state_bytes(&lzma.algorithms[0], 1 << 20), 45 << 20);
+        assert_eq!(codec_state_bytes(&lzma.algorithms[0], 1 << 20), 50 << 20);
         assert_eq!(fit_workers(8, &lzma, limit), 2);
         assert_eq!(fit_workers(8, &lzma, 2 << 30), 8);
         assert_eq!(fit_workers(8, &lzma, 0), 8);
@@ -2266,6 +2270,16 @@ mod tests {
         assert_eq!(fit_workers(8, &comp("zstd,level=15", 1 << 20), limit), 3);
         assert_eq!(fit_workers(8, &comp("zstd,level=3", 1 << 20), limit), 7);
         assert_eq!(fit_workers(16, &comp("zstd,level=3", 128 << 10), limit), 16);
+        assert_eq!(fit_workers(32, &comp("lz4", 1 << 20), limit), 12);
+        assert_eq!(fit_workers(32, &comp("lz4", 128 << 10), limit), 32);
+        for alg in [
+            "lzma,level=6",
+            "zstd,level=15",
+            "zstd,level=3",
+            "lz4hc,level=12",
+        ] {
+            assert!(fit_workers(64, &comp(alg, 128 << 10), limit) >= 16, "{alg}");
+        }
         // Small pclusters and light codecs: the thread count as asked.
         assert_eq!(fit_workers(8, &comp("lzma,level=6", 128 << 10), limit), 8);
         assert_eq!(

@@ -450,8 +450,9 @@ pub fn fit_workers(threads: usize, c: &Compression, limit: u64) -> usize {
     threads.min(fit.max(2))
 }
 
-/// Input bytes the workers may run ahead of the committer: two segments a worker (one
-/// compressing, one done and waiting for its turn), at least four segments (what two
+/// Memory the batches in flight between the workers and the committer may hold
+/// ([`run_ordered`]): two segments a worker (one compressing, one done and waiting for
+/// its turn), at least four segments (what two
 /// workers have) and otherwise at most a quarter of the memory `limit` (0: no limit),
 /// so that peak memory does not grow with `-j` past the limit (at 1 MiB pclusters a
 /// worker's two segments are 64 MiB). Workers beyond the window still share it: small
@@ -1705,7 +1706,7 @@ fn run_ordered(
                     while !flow.may_start(b, input, window) && !stop.load(Ordering::SeqCst) {
                         flow = moved.wait(flow).unwrap_or_else(|e| e.into_inner());
                     }
-                    flow.held += input;
+                    flow.held = flow.held.saturating_add(input);
                     drop(flow);
                     if stop.load(Ordering::SeqCst) {
                         break;
@@ -2259,14 +2260,15 @@ mod tests {
     #[test]
     fn big_codec_states_get_fewer_workers_under_the_memory_limit() {
         let limit = crate::options::DEFAULT_MEMORY_LIMIT;
-        // LZMA at 1 MiB: a 4 MiB dictionary, 45 MiB a worker; a quarter of 512 MiB
+        // LZMA at 1 MiB: a 4 MiB dictionary, 50 MiB a worker; a quarter of 512 MiB
         // holds two.
         let lzma = comp("lzma,level=6", 1 << 20);
         assert_eq!(codec_state_bytes(&lzma.algorithms[0], 1 << 20), 50 << 20);
         assert_eq!(fit_workers(8, &lzma, limit), 2);
         assert_eq!(fit_workers(8, &lzma, 2 << 30), 8);
         assert_eq!(fit_workers(8, &lzma, 0), 8);
-        // zstd 15 at 1 MiB: 37 MiB a worker, three fit; zstd 3 keeps all eight.
+        // zstd 15 at 1 MiB: 41 MiB a worker, three fit; zstd 3 (18 MiB) seven, lz4
+        // (10 MiB) twelve; at 128 KiB sixteen or more for every codec.
         assert_eq!(fit_workers(8, &comp("zstd,level=15", 1 << 20), limit), 3);
         assert_eq!(fit_workers(8, &comp("zstd,level=3", 1 << 20), limit), 7);
         assert_eq!(fit_workers(16, &comp("zstd,level=3", 128 << 10), limit), 16);

@@ -397,9 +397,11 @@ pub fn run(a: BuildArgs) -> Result<()> {
     open_files_to_the_hard_limit();
     if opts.worker_threads() > 2 {
         // Two arenas for all threads: each arena keeps what was freed in it, and with
-        // one per worker their high-water marks added up past --memory-limit (linux
-        // tree, `-j 8`: 540-620 MiB, 450-505 with two). Up to two workers the default
-        // costs no memory and is the fastest.
+        // one per thread their high-water marks added up past --memory-limit (linux
+        // tree, `-j 8`: 540-620 MiB, 450-505 with two). Up to `-j 2` the default costs
+        // no memory and is the fastest. Set here, before the scan's and the workers'
+        // threads start: a process-wide tunable is the program's choice, not the
+        // library's.
         ferofs_compress::limit_malloc_arenas(2);
     }
     let t0 = Instant::now();

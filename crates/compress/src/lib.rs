@@ -22,7 +22,8 @@
 //!
 //! All C code comes from crates that bundle its sources (liblz4, liblzma, libdeflate,
 //! libzstd); a plain `cargo build` needs only a C compiler. The only `unsafe` is in
-//! `ffi` (liblz4, liblzma and libzstd calls, and glibc's `mallopt`). One cargo feature per algorithm, all default.
+//! `ffi` (liblz4, liblzma and libzstd calls, and glibc's `mallopt`). One cargo feature
+//! per algorithm, all default.
 
 mod ffi;
 pub mod probe;

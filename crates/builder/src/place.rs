@@ -307,8 +307,9 @@ fn frag_mode(
 ) -> FragMode {
     let (_, pcl) = zdata::policy(c, rel);
     match o.fragments {
-        // Listed files stay together in the data region.
-        _ if listed => FragMode::None,
+        // Listed files stay together in the data region, and files stored uncompressed
+        // stay out of the packed inode.
+        _ if listed || zdata::uncompressed(c, rel) => FragMode::None,
         Fragments::Off => FragMode::None,
         Fragments::All { .. } => FragMode::Whole,
         Fragments::Tails { .. } if size <= 2 * u64::from(pcl) => FragMode::Whole,

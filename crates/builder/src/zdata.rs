@@ -68,6 +68,9 @@ pub struct Hint {
     pub pcluster_size: u32,
     pub algorithm: usize,
     pub regex: regex::Regex,
+    /// The matching files are stored uncompressed (`--sort-compress none`);
+    /// `algorithm` and `pcluster_size` are then not used for them.
+    pub uncompressed: bool,
 }
 
 /// Parse a hints file in mkfs.erofs's `--compress-hints` format.
@@ -102,6 +105,7 @@ pub fn parse_hints(text: &str, path: &Path) -> Result<Vec<Hint>> {
             pcluster_size: size,
             algorithm: alg,
             regex,
+            uncompressed: false,
         });
     }
     Ok(v)
@@ -469,18 +473,29 @@ fn window_bytes(c: &Compression, workers: usize, limit: u64) -> u64 {
 /// wake-ups cost more than compressing the file.
 const BATCH_BYTES: u64 = 1 << 20;
 
+/// The first hint that matches a file.
+fn hint<'a>(c: &'a Compression, rel: &[u8]) -> Option<&'a Hint> {
+    if c.hints.is_empty() {
+        return None;
+    }
+    let s = String::from_utf8_lossy(rel);
+    c.hints.iter().find(|h| h.regex.is_match(&s))
+}
+
 /// The pcluster size and algorithm index for a file.
 pub fn policy(c: &Compression, rel: &[u8]) -> (usize, u32) {
-    let s = String::from_utf8_lossy(rel);
-    for h in &c.hints {
-        if h.regex.is_match(&s) {
-            return (
-                h.algorithm.min(c.algorithms.len().saturating_sub(1)),
-                h.pcluster_size,
-            );
-        }
+    match hint(c, rel) {
+        Some(h) => (
+            h.algorithm.min(c.algorithms.len().saturating_sub(1)),
+            h.pcluster_size,
+        ),
+        None => (0, c.pcluster_size),
     }
-    (0, c.pcluster_size)
+}
+
+/// Whether a file is stored uncompressed by its hint (`--sort-compress none`).
+pub fn uncompressed(c: &Compression, rel: &[u8]) -> bool {
+    hint(c, rel).is_some_and(|h| h.uncompressed)
 }
 
 /// A worker's codec for one (algorithm, pcluster size), with its probe.
@@ -1316,13 +1331,22 @@ pub fn store_all(
     // Files with holes keep them (chunk-based, uncompressed): the worker that opens
     // one finds its holes and hands it back as `SegOut::holey`, to be stored here
     // as it is (one open a file instead of one more to look for holes first).
-    let no_jobs = |f: &FileReq| {
-        f.skip || f.size == 0 || (!c.ztailpacking && frag_of(f) == FragMode::None && f.size <= bs)
+    // Files a hint stores uncompressed (`--sort-compress none`) have no jobs either.
+    let raw: Vec<bool> = if c.hints.iter().any(|h| h.uncompressed) {
+        files.iter().map(|f| uncompressed(c, &f.rel)).collect()
+    } else {
+        vec![false; files.len()]
+    };
+    let no_jobs = |fi: usize, f: &FileReq| {
+        f.skip
+            || f.size == 0
+            || raw[fi]
+            || (!c.ztailpacking && frag_of(f) == FragMode::None && f.size <= bs)
     };
     // What compressing each file and those after it costs, for the taper at the end.
     let mut cost_after = vec![0u64; files.len() + 1];
     for (fi, f) in files.iter().enumerate().rev() {
-        let cost = if no_jobs(f) || frag_of(f) == FragMode::Whole {
+        let cost = if no_jobs(fi, f) || frag_of(f) == FragMode::Whole {
             0
         } else {
             f.size
@@ -1331,7 +1355,7 @@ pub fn store_all(
     }
     for (fi, f) in files.iter().enumerate() {
         let frag = frag_of(f);
-        if no_jobs(f) {
+        if no_jobs(fi, f) {
             continue;
         }
         let (alg, pcl) = policy(c, &f.rel);

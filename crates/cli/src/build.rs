@@ -143,7 +143,8 @@ pub struct BuildArgs {
     /// of the first -z algorithm; the image then holds two algorithms. For start-up
     /// speed from zstd or lzma images: `-z zstd --sort list --sort-compress lz4hc` keeps
     /// what the program reads at start-up fast to decode. The listed files' rule comes
-    /// before any --compress-hints line; their pcluster size is -C.
+    /// before any --compress-hints line; their pcluster size is -C. `none`: the listed
+    /// files are stored uncompressed (start-up reads then decode nothing).
     #[arg(long, value_name = "ALG", requires = "sort")]
     sort_compress: Option<String>,
     /// Integrity: append a dm-verity hash tree (sha256, 4096-byte data and hash blocks,
@@ -182,19 +183,24 @@ pub fn parse_hex(what: &str, s: &str) -> Result<Vec<u8>> {
 }
 
 /// `--sort-compress`: the files of the `--sort` list compressed with `spec` (added to
-/// the image's algorithms unless it is one of them), through a compress hint matching
-/// exactly their paths, ahead of any other hint.
-fn sort_hint(c: &mut Compression, spec: CompressorSpec, sort: &[Vec<u8>]) -> Result<()> {
+/// the image's algorithms unless it is one of them), or stored uncompressed when `spec`
+/// is None (`none`), through a compress hint matching exactly their paths, ahead of
+/// any other hint.
+fn sort_hint(c: &mut Compression, spec: Option<CompressorSpec>, sort: &[Vec<u8>]) -> Result<()> {
     if sort.is_empty() {
         eprintln!("warning: --sort-compress: the --sort list is empty, so no file uses it");
         return Ok(());
     }
-    let algorithm = match c.algorithms.iter().position(|a| *a == spec) {
-        Some(i) => i,
-        None => {
-            c.algorithms.push(spec);
-            c.algorithms.len() - 1
-        }
+    let spec_is_none = spec.is_none();
+    let algorithm = match spec {
+        None => 0,
+        Some(spec) => match c.algorithms.iter().position(|a| *a == spec) {
+            Some(i) => i,
+            None => {
+                c.algorithms.push(spec);
+                c.algorithms.len() - 1
+            }
+        },
     };
     // The builder matches hints against the path as (lossy) UTF-8.
     let alternatives: Vec<String> = sort
@@ -212,6 +218,7 @@ fn sort_hint(c: &mut Compression, spec: CompressorSpec, sort: &[Vec<u8>]) -> Res
             pcluster_size: c.pcluster_size,
             algorithm,
             regex,
+            uncompressed: spec_is_none,
         },
     );
     Ok(())
@@ -348,8 +355,12 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
             c.hints = parse_hints(&text, h)?;
         }
         if let Some(s) = &a.sort_compress {
-            let spec =
-                CompressorSpec::parse(s).with_context(|| format!("--sort-compress {s:?}"))?;
+            let spec = match s.as_str() {
+                "none" => None,
+                _ => Some(
+                    CompressorSpec::parse(s).with_context(|| format!("--sort-compress {s:?}"))?,
+                ),
+            };
             sort_hint(&mut c, spec, &o.sort)?;
         }
         o.compression = Some(c);

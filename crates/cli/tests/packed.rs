@@ -700,6 +700,85 @@ fn sort_compress_stores_listed_files_with_the_second_algorithm() {
 }
 
 #[test]
+fn sort_compress_none_stores_listed_files_uncompressed_first_and_in_order() {
+    let d = scratch("sortn");
+    let src = d.path().join("src");
+    std::fs::create_dir_all(src.join("sub")).expect("mkdir");
+    let mut r = Rng(29);
+    for i in 0..4 {
+        std::fs::write(src.join(format!("f{i}")), r.text(30_000 + 9000 * i)).expect("w");
+        std::fs::write(src.join(format!("sub/g{i}")), r.text(70_000 + 5000 * i)).expect("w");
+    }
+    std::fs::write(src.join("sub/tiny"), r.text(100)).expect("w");
+    // An unlisted copy of a listed file (dedupe may share the listed file's blocks).
+    std::fs::copy(src.join("sub/g2"), src.join("g2.copy")).expect("copy");
+    let listed = ["sub/g2", "f1", "sub/g0", "f3"];
+    let unlisted = ["f0", "f2", "sub/g1", "sub/g3"];
+    let list = d.path().join("order.txt");
+    std::fs::write(&list, [&listed[..], &["sub/tiny"]].concat().join("\n")).expect("write");
+    let list = list.to_str().expect("utf-8");
+    for (alg, extra) in [
+        ("lz4hc", vec![]),
+        ("zstd", vec!["-C", "65536", "-E", "smallest"]),
+        ("lzma", vec!["-E", "dedupe,ztailpacking"]),
+    ] {
+        let img = d.path().join("sorted.erofs");
+        let mut a = vec!["-z", alg, "--sort", list, "--sort-compress", "none"];
+        a.extend(&extra);
+        build(&src, &img, &a);
+        let mut end = None;
+        for p in listed {
+            let p = format!("/{p}");
+            let st = json(&ok(&[&"stat", &"--json", &img, &p]));
+            let layout = st["layout"].as_str().expect("layout");
+            assert!(
+                layout.starts_with("flat"),
+                "{alg} {extra:?}: {p} is {layout}"
+            );
+            for e in st["extents"].as_array().expect("extents") {
+                let k = e["kind"].as_str().expect("kind");
+                assert!(
+                    k == "plain" || k == "inline",
+                    "{alg} {extra:?}: {p} has {k}"
+                );
+            }
+            // Each listed file's blocks follow the previous one's, in list order.
+            let (start, stop) = data_range(&img, &p);
+            if let Some(end) = end {
+                assert_eq!(start, end, "{alg} {extra:?}: {p} not right behind");
+            }
+            end = Some(stop);
+        }
+        let tiny = json(&ok(&[&"stat", &"--json", &img, &"/sub/tiny"]));
+        assert_eq!(tiny["layout"], "flat-inline", "{alg} {extra:?}");
+        // On disk lz4hc is LZ4; with fragments small unlisted files sit in the packed
+        // inode (compressed there).
+        let kind = alg.strip_suffix("hc").unwrap_or(alg);
+        for p in unlisted {
+            let p = format!("/{p}");
+            let got = algorithms(&img, &p);
+            let st = json(&ok(&[&"stat", &"--json", &img, &p]));
+            let in_packed = st["extents"]
+                .as_array()
+                .expect("extents")
+                .iter()
+                .any(|e| e["kind"].as_str().is_some_and(|k| k.contains("fragment")));
+            assert!(
+                got == [kind] || (got.is_empty() && in_packed),
+                "{alg} {extra:?}: {p} uses {got:?}"
+            );
+        }
+        if fsck_knows(alg) {
+            fsck_erofs(&img).unwrap_or_else(|e| panic!("{alg} {extra:?}: fsck.erofs:\n{e}"));
+        }
+        if kernel_available("sort-compress none") {
+            let m = Mount::erofs(&img);
+            assert_same_tree(&src, m.path());
+        }
+    }
+}
+
+#[test]
 fn files_sharing_a_prefix_share_its_pclusters_with_dedupe() {
     let d = scratch("packed-prefix");
     let src = d.path().join("src");

@@ -13,7 +13,8 @@
 //!   pcluster: 4 KiB << (b % 5), 128 KiB for b >= 240
 //!   flags: 1 ztailpacking, 2 dedupe, 4|8 fragments (off, tails, all, tails with the
 //!   alg2 pcluster), 16 metabox, 32 no inline data, 64 a second algorithm (alg2 % 5 + 1,
-//!   pcluster 4 KiB << (alg2 / 16 % 5)) for names ending in a digit 0-4 (a hint),
+//!   pcluster 4 KiB << (alg2 / 16 % 5)) for names ending in a digit 0-4 (a hint;
+//!   those files stored uncompressed instead when alg2 >= 0xC0),
 //!   128 block size 512 << (bsize % 4) (else 4096)
 //!   bsize: also 16 the 48-bit layout, 32 no "." entries (dot-omitted)
 //! root    meta
@@ -288,6 +289,9 @@ fn spec_options(r: &mut In) -> BuildOptions {
                     pcluster_size: pcluster2,
                     algorithm: 1,
                     regex,
+                    // A quarter of the time the matching files are stored uncompressed
+                    // (`--sort-compress none`).
+                    uncompressed: alg2 >= 0xC0,
                 });
             }
         }

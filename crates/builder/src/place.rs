@@ -305,14 +305,14 @@ fn frag_mode(
     size: u64,
     listed: bool,
 ) -> FragMode {
-    let (_, pcl) = zdata::policy(c, rel);
+    let p = zdata::policy(c, rel);
     match o.fragments {
         // Listed files stay together in the data region, and files stored uncompressed
         // stay out of the packed inode.
-        _ if listed || zdata::uncompressed(c, rel) => FragMode::None,
+        _ if listed || p.uncompressed => FragMode::None,
         Fragments::Off => FragMode::None,
         Fragments::All { .. } => FragMode::Whole,
-        Fragments::Tails { .. } if size <= 2 * u64::from(pcl) => FragMode::Whole,
+        Fragments::Tails { .. } if size <= 2 * u64::from(p.pcluster) => FragMode::Whole,
         Fragments::Tails { .. } => FragMode::Tail,
     }
 }

@@ -473,29 +473,31 @@ fn window_bytes(c: &Compression, workers: usize, limit: u64) -> u64 {
 /// wake-ups cost more than compressing the file.
 const BATCH_BYTES: u64 = 1 << 20;
 
-/// The first hint that matches a file.
-fn hint<'a>(c: &'a Compression, rel: &[u8]) -> Option<&'a Hint> {
-    if c.hints.is_empty() {
-        return None;
-    }
-    let s = String::from_utf8_lossy(rel);
-    c.hints.iter().find(|h| h.regex.is_match(&s))
+/// What applies to one file: its first matching hint, or the defaults.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy {
+    /// Index into [`Compression::algorithms`].
+    pub algorithm: usize,
+    pub pcluster: u32,
+    /// Stored uncompressed (`--sort-compress none`).
+    pub uncompressed: bool,
 }
 
-/// The pcluster size and algorithm index for a file.
-pub fn policy(c: &Compression, rel: &[u8]) -> (usize, u32) {
-    match hint(c, rel) {
-        Some(h) => (
-            h.algorithm.min(c.algorithms.len().saturating_sub(1)),
-            h.pcluster_size,
-        ),
-        None => (0, c.pcluster_size),
+/// The policy of the file at `rel` (one regex match a hint, none without hints).
+pub fn policy(c: &Compression, rel: &[u8]) -> Policy {
+    let s = (!c.hints.is_empty()).then(|| String::from_utf8_lossy(rel));
+    match s.and_then(|s| c.hints.iter().find(|h| h.regex.is_match(&s))) {
+        Some(h) => Policy {
+            algorithm: h.algorithm.min(c.algorithms.len().saturating_sub(1)),
+            pcluster: h.pcluster_size,
+            uncompressed: h.uncompressed,
+        },
+        None => Policy {
+            algorithm: 0,
+            pcluster: c.pcluster_size,
+            uncompressed: false,
+        },
     }
-}
-
-/// Whether a file is stored uncompressed by its hint (`--sort-compress none`).
-pub fn uncompressed(c: &Compression, rel: &[u8]) -> bool {
-    hint(c, rel).is_some_and(|h| h.uncompressed)
 }
 
 /// A worker's codec for one (algorithm, pcluster size), with its probe.
@@ -1332,15 +1334,11 @@ pub fn store_all(
     // one finds its holes and hands it back as `SegOut::holey`, to be stored here
     // as it is (one open a file instead of one more to look for holes first).
     // Files a hint stores uncompressed (`--sort-compress none`) have no jobs either.
-    let raw: Vec<bool> = if c.hints.iter().any(|h| h.uncompressed) {
-        files.iter().map(|f| uncompressed(c, &f.rel)).collect()
-    } else {
-        vec![false; files.len()]
-    };
+    let policies: Vec<Policy> = files.iter().map(|f| policy(c, &f.rel)).collect();
     let no_jobs = |fi: usize, f: &FileReq| {
         f.skip
             || f.size == 0
-            || raw[fi]
+            || policies[fi].uncompressed
             || (!c.ztailpacking && frag_of(f) == FragMode::None && f.size <= bs)
     };
     // What compressing each file and those after it costs, for the taper at the end.
@@ -1358,7 +1356,11 @@ pub fn store_all(
         if no_jobs(fi, f) {
             continue;
         }
-        let (alg, pcl) = policy(c, &f.rel);
+        let Policy {
+            algorithm: alg,
+            pcluster: pcl,
+            ..
+        } = policies[fi];
         let seg = segment_size(pcl);
         // Whole-file fragments are only spooled here: nothing to taper.
         let tapers = frag != FragMode::Whole && slow_codec(&c.algorithms[alg]);
@@ -2131,10 +2133,10 @@ fn split_at_common_end(
         return Ok(None);
     }
     let head_len = (m - shared) as usize;
-    let (alg, pcluster) = policy(c, &f.rel);
-    let (comp, _) = codec(re.comps, c, alg, pcluster)?;
+    let p = policy(c, &f.rel);
+    let (comp, _) = codec(re.comps, c, p.algorithm, p.pcluster)?;
     let bs = 1usize << bits;
-    let pcl = pcluster as usize;
+    let pcl = p.pcluster as usize;
     if re.dst.len() < pcl {
         re.dst.resize(pcl, 0);
     }

@@ -191,17 +191,17 @@ fn sort_hint(c: &mut Compression, spec: Option<CompressorSpec>, sort: &[Vec<u8>]
         eprintln!("warning: --sort-compress: the --sort list is empty, so no file uses it");
         return Ok(());
     }
-    let spec_is_none = spec.is_none();
-    let algorithm = match spec {
-        None => 0,
-        Some(spec) => match c.algorithms.iter().position(|a| *a == spec) {
-            Some(i) => i,
-            None => {
+    let uncompressed = spec.is_none();
+    // Unused when the files are stored uncompressed.
+    let algorithm = spec.map_or(0, |spec| {
+        c.algorithms
+            .iter()
+            .position(|a| *a == spec)
+            .unwrap_or_else(|| {
                 c.algorithms.push(spec);
                 c.algorithms.len() - 1
-            }
-        },
-    };
+            })
+    });
     // The builder matches hints against the path as (lossy) UTF-8.
     let alternatives: Vec<String> = sort
         .iter()
@@ -218,7 +218,7 @@ fn sort_hint(c: &mut Compression, spec: Option<CompressorSpec>, sort: &[Vec<u8>]
             pcluster_size: c.pcluster_size,
             algorithm,
             regex,
-            uncompressed: spec_is_none,
+            uncompressed,
         },
     );
     Ok(())

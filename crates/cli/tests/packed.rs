@@ -453,7 +453,11 @@ fn zeros_with_dedupe_build_about_as_fast_as_without() {
 
 /// Byte range `[first, end)` of the blocks holding a file's data (inline parts aside).
 fn data_range(img: &Path, path: &str) -> (u64, u64) {
-    let st = json(&ok(&[&"stat", &"--json", &img, &path]));
+    stat_data_range(&json(&ok(&[&"stat", &"--json", &img, &path])))
+}
+
+/// [`data_range`] of a file's `stat --json`.
+fn stat_data_range(st: &serde_json::Value) -> (u64, u64) {
     let mut r = (u64::MAX, 0);
     for e in st["extents"].as_array().expect("extents") {
         if let Some(p) = e["physical"].as_u64() {
@@ -566,7 +570,11 @@ fn sort_places_listed_files_first_contiguous_and_in_order() {
 /// The algorithms of a file's compressed extents (`lz4`, `zstd`, ...; plain, inline,
 /// fragment and hole extents left out).
 fn algorithms(img: &Path, path: &str) -> Vec<String> {
-    let st = json(&ok(&[&"stat", &"--json", &img, &path]));
+    stat_algorithms(&json(&ok(&[&"stat", &"--json", &img, &path])))
+}
+
+/// [`algorithms`] of a file's `stat --json`.
+fn stat_algorithms(st: &serde_json::Value) -> Vec<String> {
     let mut v: Vec<String> = st["extents"]
         .as_array()
         .expect("extents")
@@ -743,7 +751,7 @@ fn sort_compress_none_stores_listed_files_uncompressed_first_and_in_order() {
                 );
             }
             // Each listed file's blocks follow the previous one's, in list order.
-            let (start, stop) = data_range(&img, &p);
+            let (start, stop) = stat_data_range(&st);
             if let Some(end) = end {
                 assert_eq!(start, end, "{alg} {extra:?}: {p} not right behind");
             }
@@ -756,8 +764,8 @@ fn sort_compress_none_stores_listed_files_uncompressed_first_and_in_order() {
         let kind = alg.strip_suffix("hc").unwrap_or(alg);
         for p in unlisted {
             let p = format!("/{p}");
-            let got = algorithms(&img, &p);
             let st = json(&ok(&[&"stat", &"--json", &img, &p]));
+            let got = stat_algorithms(&st);
             let in_packed = st["extents"]
                 .as_array()
                 .expect("extents")

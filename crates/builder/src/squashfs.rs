@@ -80,13 +80,31 @@ fn le64(b: &[u8], o: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
+/// A table of fixed-size entries in metadata blocks, found through an index of block
+/// pointers at `index`, read entry by entry ([`Img::table_entry`]): its count comes from
+/// the superblock, so a hostile image may declare billions of entries that no file uses,
+/// and reading it whole would allocate for all of them.
+struct Table {
+    index: u64,
+    count: u64,
+    entry: usize,
+    what: &'static str,
+}
+
 struct Img {
     f: File,
     path: PathBuf,
     sb: Sb,
     /// Metadata blocks read so far: absolute position -> (contents, next block's position).
     meta: HashMap<u64, (Arc<Vec<u8>>, u64)>,
+    /// Decoded bytes in `meta`; past [`META_CACHE_MAX`] it starts again empty.
+    meta_bytes: usize,
 }
+
+/// Most decoded metadata kept (the inode and directory tables of a large distribution
+/// image take a few MiB): a hostile image whose metadata blocks decode to 8 KiB from a
+/// few bytes each cannot make the cache grow with them.
+const META_CACHE_MAX: usize = 64 << 20;
 
 impl Img {
     fn bad(&self, what: String) -> BuildError {
@@ -170,6 +188,11 @@ impl Img {
         };
         let next = pos + 2 + len as u64;
         let b = (Arc::new(data), next);
+        if self.meta_bytes > META_CACHE_MAX {
+            self.meta.clear();
+            self.meta_bytes = 0;
+        }
+        self.meta_bytes += b.0.len();
         self.meta.insert(pos, b.clone());
         Ok(b)
     }
@@ -206,6 +229,33 @@ impl Img {
             }
         }
         Ok((out, blk, off))
+    }
+
+    /// Entry `i` of table `t`, looked up alone: one pointer of the table's index, one
+    /// metadata block (cached). Entries of 4 and 16 bytes never straddle a block.
+    fn table_entry(&mut self, t: &Table, i: u64) -> Result<Vec<u8>> {
+        if i >= t.count {
+            return Err(self.bad(format!("{}: entry {i} of {}", t.what, t.count)));
+        }
+        // i < count <= u32::MAX and entry <= 16: no overflow.
+        let off = i * t.entry as u64;
+        let blk = off / META_SIZE as u64;
+        let within = (off % META_SIZE as u64) as usize;
+        let ptr = blk
+            .checked_mul(8)
+            .and_then(|o| t.index.checked_add(o))
+            .ok_or_else(|| self.bad(format!("{}: index at byte {} overflows", t.what, t.index)))?;
+        let p = self.read_at(ptr, 8, t.what)?;
+        let (b, _) = self.meta_block(le64(&p, 0))?;
+        b.get(within..within + t.entry)
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| {
+                self.bad(format!(
+                    "{}: entry {i} past its metadata block's {} bytes",
+                    t.what,
+                    b.len()
+                ))
+            })
     }
 
     /// A table of `count` fixed-size entries, located by its index of block pointers at `at`.
@@ -520,15 +570,12 @@ fn read_dir(img: &mut Img, start: u32, offset: u16, size: u32) -> Result<Vec<(Ve
 fn read_xattrs(
     img: &mut Img,
     idx: u32,
-    ids: &[u8],
+    ids: &Table,
     kv_start: u64,
 ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    let i = idx as usize;
-    if i.checked_mul(16).is_none_or(|o| o + 16 > ids.len()) {
-        return Err(img.bad(format!("xattr id {idx} out of the xattr id table")));
-    }
-    let r = le64(ids, i * 16);
-    let count = le32(ids, i * 16 + 8);
+    let e = img.table_entry(ids, u64::from(idx))?;
+    let r = le64(&e, 0);
+    let count = le32(&e, 8);
     if count > 65536 {
         return Err(img.bad(format!("xattr id {idx}: {count} xattrs")));
     }
@@ -591,7 +638,7 @@ struct Spool {
     frag_cache: Option<(u32, Arc<Vec<u8>>)>,
 }
 
-fn read_file(img: &mut Img, sp: &mut Spool, frags: &[u8], loc: &FileLoc) -> Result<Source> {
+fn read_file(img: &mut Img, sp: &mut Spool, frags: &Table, loc: &FileLoc) -> Result<Source> {
     let FileLoc {
         start,
         size,
@@ -653,12 +700,9 @@ fn read_file(img: &mut Img, sp: &mut Spool, frags: &[u8], loc: &FileLoc) -> Resu
         let fd = match &sp.frag_cache {
             Some((i, d)) if *i == frag => d.clone(),
             _ => {
-                let e = (frag as usize)
-                    .checked_mul(16)
-                    .filter(|&o| o + 16 <= frags.len())
-                    .ok_or_else(|| img.bad(format!("fragment {frag} out of the fragment table")))?;
-                let at = le64(frags, e);
-                let sz = le32(frags, e + 8);
+                let e = img.table_entry(frags, u64::from(frag))?;
+                let at = le64(&e, 0);
+                let sz = le32(&e, 8);
                 let len = (sz & 0x00ff_ffff) as usize;
                 if len > bs as usize {
                     return Err(img.bad(format!("fragment {frag}: {len} bytes stored")));
@@ -708,37 +752,39 @@ pub fn scan_squashfs(image: &Path, spool_dir: &Path, opts: &BuildOptions) -> Res
         path: image.to_path_buf(),
         sb,
         meta: HashMap::new(),
+        meta_bytes: 0,
     };
     let ids_raw = img.table(img.sb.id_table, img.sb.id_count as usize, 4, "id table")?;
     let ids: Vec<u32> = (0..img.sb.id_count as usize)
         .map(|i| le32(&ids_raw, i * 4))
         .collect();
-    let frags = if img.sb.frag_count > 0 && img.sb.frag_table != NOT_SET {
-        img.table(
-            img.sb.frag_table,
-            img.sb.frag_count as usize,
-            16,
-            "fragment table",
-        )?
-    } else {
-        Vec::new()
+    let frags = Table {
+        index: img.sb.frag_table,
+        count: if img.sb.frag_table != NOT_SET {
+            u64::from(img.sb.frag_count)
+        } else {
+            0
+        },
+        entry: 16,
+        what: "fragment table",
     };
     let (xids, kv_start) = if img.sb.xattr_table != NOT_SET && img.sb.flags & 0x200 == 0 {
         let h = img.read_at(img.sb.xattr_table, 16, "xattr table header")?;
-        let kv_start = le64(&h, 0);
-        let n = le32(&h, 8) as usize;
-        let at = img.sb.xattr_table + 16;
-        let blocks = (n * 16).div_ceil(META_SIZE);
-        let index = img.read_at(at, blocks * 8, "xattr id index")?;
-        let mut raw = Vec::with_capacity(n * 16);
-        for i in 0..blocks {
-            let (b, _) = img.meta_block(le64(&index, i * 8))?;
-            raw.extend_from_slice(&b);
-        }
-        raw.truncate(n * 16);
-        (raw, kv_start)
+        let xids = Table {
+            index: img.sb.xattr_table + 16,
+            count: u64::from(le32(&h, 8)),
+            entry: 16,
+            what: "xattr id table",
+        };
+        (xids, le64(&h, 0))
     } else {
-        (Vec::new(), 0)
+        let none = Table {
+            index: 0,
+            count: 0,
+            entry: 16,
+            what: "xattr id table",
+        };
+        (none, 0)
     };
 
     let t = crate::cleanup::scratch(spool_dir, ".ferofs-spool-")
@@ -794,7 +840,7 @@ pub fn scan_squashfs(image: &Path, spool_dir: &Path, opts: &BuildOptions) -> Res
             SqKind::Fifo => Kind::Fifo,
             SqKind::Socket => Kind::Socket,
         };
-        let xattrs = if ino.xattr != NO_FRAGMENT && !xids.is_empty() {
+        let xattrs = if ino.xattr != NO_FRAGMENT && xids.count > 0 {
             read_xattrs(img, ino.xattr, &xids, kv_start).map_err(|e| name_err(e, &rel))?
         } else {
             Vec::new()

@@ -205,3 +205,69 @@ fn build_options_apply_to_squashfs_input() {
         assert_eq!(f[2..4], ["0", "0"], "--all-root: {l}");
     }
 }
+
+/// A superblock may declare billions of fragments and xattr ids that no inode uses:
+/// tables are read entry by entry, as inodes need them, so such an image converts in
+/// the memory its used entries take. Here both tables claim 2^28 entries (4 GiB of
+/// entries each, behind a 4 MiB index of pointers at one real block), and the build
+/// runs with 2 GiB of address space: reading a table whole aborts on allocation.
+#[test]
+fn huge_declared_tables_cost_only_the_entries_used() {
+    let d = scratch("sqfs-tables");
+    let src = sqfs(d.path(), "zstd");
+    let plain = d.path().join("plain.erofs");
+    convert("build", &src, &plain, &["-j", "1"]);
+    let mut b = std::fs::read(&src).expect("read image");
+    let le64 = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+    let frag_table = le64(&b, 80) as usize;
+    let xattr_table = le64(&b, 56) as usize;
+    assert!(
+        frag_table < b.len() && xattr_table < b.len(),
+        "the zstd image has fragments and xattrs"
+    );
+    let (frag_ptr, kv_start, xid_ptr) = (
+        le64(&b, frag_table),
+        le64(&b, xattr_table),
+        le64(&b, xattr_table + 16),
+    );
+    const COUNT: u32 = 1 << 28;
+    let pointers = (COUNT as usize * 16).div_ceil(8192);
+    b.resize(b.len().next_multiple_of(8), 0);
+    let new_frag = b.len();
+    for _ in 0..pointers {
+        b.extend_from_slice(&frag_ptr.to_le_bytes());
+    }
+    let new_xattr = b.len();
+    b.extend_from_slice(&kv_start.to_le_bytes());
+    b.extend_from_slice(&COUNT.to_le_bytes());
+    b.extend_from_slice(&0u32.to_le_bytes());
+    for _ in 0..pointers {
+        b.extend_from_slice(&xid_ptr.to_le_bytes());
+    }
+    let used = b.len() as u64;
+    b[16..20].copy_from_slice(&COUNT.to_le_bytes());
+    b[40..48].copy_from_slice(&used.to_le_bytes());
+    b[56..64].copy_from_slice(&(new_xattr as u64).to_le_bytes());
+    b[80..88].copy_from_slice(&(new_frag as u64).to_le_bytes());
+    let huge = d.path().join("huge-tables.sqfs");
+    std::fs::write(&huge, &b).expect("write");
+    let img = d.path().join("huge.erofs");
+    let out = Command::new("prlimit")
+        .arg("--as=2147483648")
+        .arg(env!("CARGO_BIN_EXE_ferofs"))
+        .args(["build", "-q", "-j", "1"])
+        .arg(&huge)
+        .arg(&img)
+        .output()
+        .expect("run prlimit ferofs");
+    assert!(
+        out.status.success(),
+        "conversion failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        std::fs::read(&img).expect("read") == std::fs::read(&plain).expect("read"),
+        "the image differs from the conversion of the unmodified SquashFS image"
+    );
+}

@@ -290,4 +290,19 @@ pub fn decompress_fixed(alg: ferofs_compress::Algorithm, data: &[u8]) {
     let _ = ferofs_compress::decompress(alg, &data[8..], &mut out, partial, &cfg);
 }
 
+pub mod input;
+
+/// A fresh directory for one run's files, in memory (/dev/shm) where there is one.
+pub fn scratch_dir(prefix: &str) -> tempfile::TempDir {
+    let shm = std::path::Path::new("/dev/shm");
+    let base = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(base)
+        .expect("tempdir")
+}
 pub mod roundtrip;

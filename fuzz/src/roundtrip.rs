@@ -715,16 +715,7 @@ pub fn run(data: &[u8]) {
         eprint!("{}", show(&spec));
     }
     let t = tar(&spec);
-    let base = std::path::Path::new("/dev/shm");
-    let base = if base.is_dir() {
-        base.to_path_buf()
-    } else {
-        std::env::temp_dir()
-    };
-    let dir = tempfile::Builder::new()
-        .prefix("ferofs-fuzz-")
-        .tempdir_in(base)
-        .expect("tempdir");
+    let dir = crate::scratch_dir("ferofs-fuzz-");
     let tar_path = dir.path().join("in.tar");
     let out = dir.path().join("out.erofs");
     std::fs::write(&tar_path, &t).expect("write tar");

@@ -2,7 +2,8 @@
 //! Any bytes are written to a file and built into an image with default options (no
 //! compression, one thread). A build may fail with an error, never panic, hang or
 //! allocate without bound; a build that succeeds must give an image the reader opens
-//! and walks.
+//! and walks. A tar is built twice: read in place, and gzipped (read as a stream, its
+//! file contents spooled); both must fail, or give the same image.
 
 use ferofs_builder::{BuildOptions, TarInput};
 
@@ -26,11 +27,34 @@ pub fn run(kind: Kind, data: &[u8]) {
         Kind::Tar => ferofs_builder::build_from_tars(&[TarInput::File(input)], &out, &opts),
         Kind::Squashfs => ferofs_builder::build_from_squashfs(&input, &out, &opts),
     };
+    let streamed = match kind {
+        Kind::Tar => {
+            let gz = dir.path().join("input.gz");
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            std::io::Write::write_all(&mut e, data).expect("gzip");
+            std::fs::write(&gz, e.finish().expect("gzip")).expect("write input.gz");
+            let out2 = dir.path().join("streamed.erofs");
+            let r2 = ferofs_builder::build_from_tars(&[TarInput::File(gz)], &out2, &opts);
+            assert_eq!(
+                r.is_ok(),
+                r2.is_ok(),
+                "in place: {:?}; streamed: {:?}",
+                r.as_ref().err(),
+                r2.as_ref().err()
+            );
+            r2.is_ok()
+                .then(|| std::fs::read(&out2).expect("read streamed image"))
+        }
+        Kind::Squashfs => None,
+    };
     if r.is_err() {
         assert!(!out.exists(), "a failed build left its output behind");
         return;
     }
     let image = std::fs::read(&out).expect("read image");
+    if let Some(s) = streamed {
+        assert!(s == image, "the streamed tar gave another image");
+    }
     let len = image.len() as u64;
     let img = ferofs_reader::Image::new(image).expect("the reader opens a built image");
     crate::walk_all(&img, len);

@@ -1,4 +1,5 @@
-//! The build inputs that parse untrusted archives: tar streams and SquashFS images.
+//! The build inputs that parse untrusted archives: tar streams, SquashFS images and
+//! EROFS images (re-encoded).
 //! Any bytes are written to a file and built into an image with default options (no
 //! compression, one thread). A build may fail with an error, never panic, hang or
 //! allocate without bound; a build that succeeds must give an image the reader opens
@@ -12,6 +13,7 @@ use ferofs_builder::{BuildOptions, TarInput};
 pub enum Kind {
     Tar,
     Squashfs,
+    Erofs,
 }
 
 pub fn run(kind: Kind, data: &[u8]) {
@@ -26,6 +28,7 @@ pub fn run(kind: Kind, data: &[u8]) {
     let r = match kind {
         Kind::Tar => ferofs_builder::build_from_tars(&[TarInput::File(input)], &out, &opts),
         Kind::Squashfs => ferofs_builder::build_from_squashfs(&input, &out, &opts),
+        Kind::Erofs => ferofs_builder::build_from_erofs(&input, &out, &opts),
     };
     let streamed = match kind {
         Kind::Tar => {
@@ -45,7 +48,7 @@ pub fn run(kind: Kind, data: &[u8]) {
             r2.is_ok()
                 .then(|| std::fs::read(&out2).expect("read streamed image"))
         }
-        Kind::Squashfs => None,
+        Kind::Squashfs | Kind::Erofs => None,
     };
     if r.is_err() {
         assert!(!out.exists(), "a failed build left its output behind");

@@ -2,8 +2,11 @@
 //! temporary tree. Its metadata (inodes, directories, ids, xattrs, the fragment table)
 //! becomes a [`Tree`]; file contents are decompressed into one spool file beside the
 //! output and handed on as byte ranges of it ([`Source::Range`], or [`Source::Sparse`]
-//! when the file has sparse blocks, which stay holes). Hardlinks are inodes with the
-//! same inode number; files SquashFS deduplicated (same blocks) share one spool range.
+//! when the file has sparse blocks, which stay holes). The scan plans the spool (every
+//! decoded block's place is known from the block list and the file size); the blocks
+//! are then read, decompressed and written on all worker threads, the same bytes for
+//! any thread count. Hardlinks are inodes with the same inode number; files SquashFS
+//! deduplicated (same blocks) share one spool range.
 //!
 //! Compressors: gzip (zlib), lzo, xz, lz4, zstd. The old lzma compressor (id 2) is
 //! refused. Every count, offset and length read from the image is checked against the
@@ -15,7 +18,7 @@ use crate::source::{Segment, Source};
 use ferofs_format::inode::*;
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufWriter, Read, Write};
+use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -625,20 +628,65 @@ fn read_xattrs(
     Ok(out)
 }
 
-/// Decompressed file data goes to the spool.
+/// Decompressed file data goes to the spool. The scan only plans it (each file's
+/// place in the spool, its segments, the [`Work`] that fills them); [`decode_all`]
+/// then reads, decompresses and writes the blocks on all worker threads.
 struct Spool {
-    w: BufWriter<File>,
+    file: File,
     path: Arc<Path>,
     len: u64,
     /// Deduplicated files: (first block, size, fragment, fragment offset, block list)
     /// -> source. The block list tells apart files at one position with other holes
     /// (an all-sparse file and the next file's data can share a first block).
     seen: HashMap<DedupeKey, Source>,
-    /// The last fragment block decompressed.
-    frag_cache: Option<(u32, Arc<Vec<u8>>)>,
+    /// What fills the spool, in spool order.
+    work: Vec<Work>,
+    /// Paths of the files the work is for (error messages).
+    paths: Vec<Vec<u8>>,
 }
 
-fn read_file(img: &mut Img, sp: &mut Spool, frags: &Table, loc: &FileLoc) -> Result<Source> {
+/// Data blocks of one file in a row (the sparse ones skipped), or one file's tail in a
+/// fragment block, with where the decoded bytes go in the spool.
+enum Work {
+    Blocks {
+        file: usize,
+        /// Image position of the first block.
+        pos: u64,
+        /// The file's block list and the blocks `[from, to)` of it.
+        blocks: Arc<[u32]>,
+        from: usize,
+        to: usize,
+        size: u64,
+        /// Spool position of the first decoded byte.
+        at: u64,
+    },
+    Tail {
+        file: usize,
+        frag: u32,
+        /// The fragment block's image position and size word.
+        block: u64,
+        word: u32,
+        off: usize,
+        len: usize,
+        at: u64,
+    },
+}
+
+/// Data blocks one [`Work::Blocks`] holds at most (a big file is split so that its
+/// blocks decode on every thread).
+const WORK_BLOCKS: usize = 64;
+
+/// Decoded bytes one batch of work holds at most (a thread's share at a time).
+const BATCH_BYTES: u64 = 8 << 20;
+
+/// Plan file `loc` (at `rel`) in the spool: its source, and the work that fills it.
+fn read_file(
+    img: &mut Img,
+    sp: &mut Spool,
+    frags: &Table,
+    loc: &FileLoc,
+    rel: &[u8],
+) -> Result<Source> {
     let FileLoc {
         start,
         size,
@@ -650,80 +698,84 @@ fn read_file(img: &mut Img, sp: &mut Spool, frags: &Table, loc: &FileLoc) -> Res
     if let Some(s) = sp.seen.get(&key) {
         return Ok(s.clone());
     }
+    let file = sp.paths.len();
     let bs = img.sb.block_size as u64;
     let mut segs: Vec<Segment> = Vec::new();
-    let mut pos = start;
-    let mut push = |sp: &mut Spool, data: &[u8], logical: u64| -> Result<()> {
-        sp.w.write_all(data)
-            .map_err(io_err(&sp.path, "squashfs: write spool"))?;
+    // `n` decoded bytes at file offset `logical` take the next `n` bytes of the spool.
+    let mut push = |sp: &mut Spool, n: u64, logical: u64| -> u64 {
         let at = sp.len;
-        sp.len += data.len() as u64;
+        sp.len += n;
         match segs.last_mut() {
-            Some(l) if l.start + l.len == logical && l.at + l.len == at => {
-                l.len += data.len() as u64
-            }
+            Some(l) if l.start + l.len == logical && l.at + l.len == at => l.len += n,
             _ => segs.push(Segment {
                 start: logical,
-                len: data.len() as u64,
+                len: n,
                 at,
             }),
         }
-        Ok(())
+        at
     };
-    for (i, &b) in blocks.iter().enumerate() {
-        let logical = i as u64 * bs;
-        let want = (size - logical).min(bs) as usize;
-        let len = (b & 0x00ff_ffff) as usize;
-        if len == 0 {
-            continue; // sparse: a hole
+    let list: Arc<[u32]> = Arc::from(blocks.as_slice());
+    let mut pos = start;
+    let mut i = 0;
+    // Bounded: each turn moves `i` on by at least one block.
+    while i < list.len() {
+        if list[i] & 0x00ff_ffff == 0 {
+            i += 1; // sparse: a hole
+            continue;
         }
-        if len > bs as usize {
-            return Err(img.bad(format!("data block at byte {pos}: {len} bytes stored")));
+        // A run of stored blocks, at most WORK_BLOCKS.
+        let (from, first_pos) = (i, pos);
+        let mut at = None;
+        while i < list.len() && i - from < WORK_BLOCKS {
+            let len = u64::from(list[i] & 0x00ff_ffff);
+            if len == 0 {
+                break;
+            }
+            if len > bs {
+                return Err(img.bad(format!("data block at byte {pos}: {len} bytes stored")));
+            }
+            let logical = i as u64 * bs;
+            let want = size.saturating_sub(logical).min(bs);
+            let a = push(sp, want, logical);
+            at.get_or_insert(a);
+            pos = pos
+                .checked_add(len)
+                .ok_or_else(|| img.bad(format!("data block at byte {pos}: past 2^64")))?;
+            i += 1;
         }
-        let raw = img.read_at(pos, len, "data block")?;
-        let data = if b & (1 << 24) != 0 {
-            raw
-        } else {
-            img.decompress(&raw, bs as usize, pos)?
-        };
-        if data.len() != want {
-            return Err(img.bad(format!(
-                "data block at byte {pos}: {} bytes, {want} expected",
-                data.len()
-            )));
-        }
-        push(sp, &data, logical)?;
-        pos += len as u64;
+        sp.work.push(Work::Blocks {
+            file,
+            pos: first_pos,
+            blocks: list.clone(),
+            from,
+            to: i,
+            size,
+            at: at.unwrap_or(sp.len),
+        });
     }
     if frag != NO_FRAGMENT {
         let tail = (size % bs) as usize;
-        let fd = match &sp.frag_cache {
-            Some((i, d)) if *i == frag => d.clone(),
-            _ => {
-                let e = img.table_entry(frags, u64::from(frag))?;
-                let at = le64(&e, 0);
-                let sz = le32(&e, 8);
-                let len = (sz & 0x00ff_ffff) as usize;
-                if len > bs as usize {
-                    return Err(img.bad(format!("fragment {frag}: {len} bytes stored")));
-                }
-                let raw = img.read_at(at, len, "fragment block")?;
-                let d = if sz & (1 << 24) != 0 {
-                    raw
-                } else {
-                    img.decompress(&raw, bs as usize, at)?
-                };
-                let d = Arc::new(d);
-                sp.frag_cache = Some((frag, d.clone()));
-                d
-            }
-        };
-        let o = frag_off as usize;
-        let piece = fd
-            .get(o..o + tail)
-            .ok_or_else(|| img.bad(format!("fragment {frag}: {tail} bytes at {o} past its end")))?;
-        push(sp, piece, size - tail as u64)?;
+        let e = img.table_entry(frags, u64::from(frag))?;
+        let (block, word) = (le64(&e, 0), le32(&e, 8));
+        if (word & 0x00ff_ffff) as u64 > bs {
+            return Err(img.bad(format!(
+                "fragment {frag}: {} bytes stored",
+                word & 0x00ff_ffff
+            )));
+        }
+        let at = push(sp, tail as u64, size - tail as u64);
+        sp.work.push(Work::Tail {
+            file,
+            frag,
+            block,
+            word,
+            off: frag_off as usize,
+            len: tail,
+            at,
+        });
     }
+    sp.paths.push(rel.to_vec());
     let src = match segs.as_slice() {
         [] if size == 0 => Source::Range {
             file: sp.path.clone(),
@@ -740,6 +792,134 @@ fn read_file(img: &mut Img, sp: &mut Spool, frags: &Table, loc: &FileLoc) -> Res
     };
     sp.seen.insert(key, src.clone());
     Ok(src)
+}
+
+impl Work {
+    fn file(&self) -> usize {
+        match *self {
+            Work::Blocks { file, .. } | Work::Tail { file, .. } => file,
+        }
+    }
+
+    /// Decoded bytes this work writes (as planned).
+    fn bytes(&self, bs: u64) -> u64 {
+        match *self {
+            Work::Blocks { from, to, size, .. } => {
+                let end = (to as u64 * bs).min(size);
+                end.saturating_sub(from as u64 * bs)
+            }
+            Work::Tail { len, .. } => len as u64,
+        }
+    }
+
+    /// Read, decode and write this work's bytes into `spool`. `frag`: the fragment
+    /// block this thread decoded last.
+    fn run(&self, img: &Img, sp: &Spool, frag: &mut Option<(u32, Vec<u8>)>) -> Result<()> {
+        let bs = img.sb.block_size as u64;
+        let write = |data: &[u8], at: u64| {
+            sp.file
+                .write_all_at(data, at)
+                .map_err(io_err(&sp.path, "squashfs: write spool"))
+        };
+        match *self {
+            Work::Blocks {
+                pos,
+                ref blocks,
+                from,
+                to,
+                size,
+                at,
+                ..
+            } => {
+                let (mut pos, mut at) = (pos, at);
+                for (i, &b) in blocks.iter().enumerate().take(to).skip(from) {
+                    let want = size.saturating_sub(i as u64 * bs).min(bs) as usize;
+                    let len = (b & 0x00ff_ffff) as usize;
+                    let raw = img.read_at(pos, len, "data block")?;
+                    let data = if b & (1 << 24) != 0 {
+                        raw
+                    } else {
+                        img.decompress(&raw, bs as usize, pos)?
+                    };
+                    if data.len() != want {
+                        return Err(img.bad(format!(
+                            "data block at byte {pos}: {} bytes, {want} expected",
+                            data.len()
+                        )));
+                    }
+                    write(&data, at)?;
+                    pos += len as u64;
+                    at += want as u64;
+                }
+                Ok(())
+            }
+            Work::Tail {
+                frag: idx,
+                block,
+                word,
+                off,
+                len,
+                at,
+                ..
+            } => {
+                if frag.as_ref().is_none_or(|(i, _)| *i != idx) {
+                    let n = (word & 0x00ff_ffff) as usize;
+                    let raw = img.read_at(block, n, "fragment block")?;
+                    let d = if word & (1 << 24) != 0 {
+                        raw
+                    } else {
+                        img.decompress(&raw, bs as usize, block)?
+                    };
+                    *frag = Some((idx, d));
+                }
+                let d = frag.as_ref().map_or(&[][..], |(_, d)| d.as_slice());
+                let piece = d.get(off..off + len).ok_or_else(|| {
+                    img.bad(format!("fragment {idx}: {len} bytes at {off} past its end"))
+                })?;
+                write(piece, at)
+            }
+        }
+    }
+}
+
+/// Fill the spool: the planned work in batches of about [`BATCH_BYTES`], on `threads`
+/// threads. The spool's bytes do not depend on the thread count; the error reported
+/// is the one of the first failing work in spool order, named by its file's path.
+fn decode_all(img: &Img, sp: &Spool, threads: usize) -> Result<()> {
+    use rayon::prelude::*;
+    let bs = img.sb.block_size as u64;
+    let mut batches: Vec<std::ops::Range<usize>> = Vec::new();
+    let (mut first, mut bytes) = (0, 0u64);
+    for (i, w) in sp.work.iter().enumerate() {
+        bytes += w.bytes(bs);
+        if bytes >= BATCH_BYTES {
+            batches.push(first..i + 1);
+            (first, bytes) = (i + 1, 0);
+        }
+    }
+    if first < sp.work.len() {
+        batches.push(first..sp.work.len());
+    }
+    let run = |r: &std::ops::Range<usize>| -> Result<()> {
+        let mut frag = None;
+        for w in &sp.work[r.clone()] {
+            w.run(img, sp, &mut frag).map_err(|e| {
+                let rel = sp.paths.get(w.file()).map_or(&[][..], Vec::as_slice);
+                name_err(e, rel)
+            })?;
+        }
+        Ok(())
+    };
+    let results: Vec<Result<()>> = if threads > 1 && batches.len() > 1 {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| BuildError::Options(format!("thread pool: {e}")))?;
+        pool.install(|| batches.par_iter().map(run).collect())
+    } else {
+        batches.iter().map(run).collect()
+    };
+    results.into_iter().collect()
 }
 
 /// Scan the SquashFS image at `image` into a tree; file contents go to a spool file in
@@ -789,15 +969,16 @@ pub fn scan_squashfs(image: &Path, spool_dir: &Path, opts: &BuildOptions) -> Res
 
     let t = crate::cleanup::scratch(spool_dir, ".ferofs-spool-")
         .map_err(io_err(spool_dir, "squashfs: create spool"))?;
-    let w = t
+    let file = t
         .reopen()
         .map_err(io_err(t.path(), "squashfs: open spool"))?;
     let mut sp = Spool {
-        w: BufWriter::with_capacity(1 << 20, w),
+        file,
         path: Arc::from(t.path()),
         len: 0,
         seen: HashMap::new(),
-        frag_cache: None,
+        work: Vec::new(),
+        paths: Vec::new(),
     };
 
     let excl = crate::scan::Excludes::new(opts);
@@ -832,7 +1013,7 @@ pub fn scan_squashfs(image: &Path, spool_dir: &Path, opts: &BuildOptions) -> Res
                 }
             }
             SqKind::File(loc) => Kind::File {
-                src: read_file(img, sp, &frags, &loc).map_err(|e| name_err(e, &rel))?,
+                src: read_file(img, sp, &frags, &loc, &rel).map_err(|e| name_err(e, &rel))?,
                 size: loc.size,
             },
             SqKind::Symlink(t) => Kind::Symlink { target: t },
@@ -924,8 +1105,7 @@ pub fn scan_squashfs(image: &Path, spool_dir: &Path, opts: &BuildOptions) -> Res
         }
         stack.extend(subdirs.into_iter().rev());
     }
-    sp.w.flush()
-        .map_err(io_err(&sp.path, "squashfs: write spool"))?;
+    decode_all(&img, &sp, opts.worker_threads())?;
     let mut tree = Tree {
         nodes,
         root,

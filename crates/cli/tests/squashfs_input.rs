@@ -271,3 +271,22 @@ fn huge_declared_tables_cost_only_the_entries_used() {
         "the image differs from the conversion of the unmodified SquashFS image"
     );
 }
+
+/// The blocks decompress on every worker thread into places planned by the scan: the
+/// image is the same for any thread count (the golden image's files fill several
+/// batches of work).
+#[test]
+fn conversion_is_the_same_for_any_thread_count() {
+    let d = scratch("sqfs-threads");
+    let src = sqfs(d.path(), "xz");
+    let mut first: Option<Vec<u8>> = None;
+    for j in ["1", "2", "3", "8"] {
+        let img = d.path().join(format!("j{j}.erofs"));
+        convert("build", &src, &img, &["-j", j, "-z", "lz4"]);
+        let b = std::fs::read(&img).expect("read image");
+        match &first {
+            None => first = Some(b),
+            Some(f) => assert!(*f == b, "-j {j} gives another image than -j 1"),
+        }
+    }
+}

@@ -172,6 +172,17 @@ impl Img {
         Ok(out)
     }
 
+    /// The data or fragment block at `pos` whose size word is `word` (the stored length
+    /// in its low 24 bits, bit 24 set when it is stored uncompressed), decoded.
+    fn block(&self, pos: u64, word: u32, what: &str) -> Result<Vec<u8>> {
+        let raw = self.read_at(pos, (word & 0x00ff_ffff) as usize, what)?;
+        if word & (1 << 24) != 0 {
+            Ok(raw)
+        } else {
+            self.decompress(&raw, self.sb.block_size as usize, pos)
+        }
+    }
+
     /// The metadata block at absolute `pos`: its contents and the next block's position.
     fn meta_block(&mut self, pos: u64) -> Result<(Arc<Vec<u8>>, u64)> {
         if let Some(b) = self.meta.get(&pos) {
@@ -835,12 +846,7 @@ impl Work {
                 for (i, &b) in blocks.iter().enumerate().take(to).skip(from) {
                     let want = size.saturating_sub(i as u64 * bs).min(bs) as usize;
                     let len = (b & 0x00ff_ffff) as usize;
-                    let raw = img.read_at(pos, len, "data block")?;
-                    let data = if b & (1 << 24) != 0 {
-                        raw
-                    } else {
-                        img.decompress(&raw, bs as usize, pos)?
-                    };
+                    let data = img.block(pos, b, "data block")?;
                     if data.len() != want {
                         return Err(img.bad(format!(
                             "data block at byte {pos}: {} bytes, {want} expected",
@@ -863,14 +869,7 @@ impl Work {
                 ..
             } => {
                 if frag.as_ref().is_none_or(|(i, _)| *i != idx) {
-                    let n = (word & 0x00ff_ffff) as usize;
-                    let raw = img.read_at(block, n, "fragment block")?;
-                    let d = if word & (1 << 24) != 0 {
-                        raw
-                    } else {
-                        img.decompress(&raw, bs as usize, block)?
-                    };
-                    *frag = Some((idx, d));
+                    *frag = Some((idx, img.block(block, word, "fragment block")?));
                 }
                 let d = frag.as_ref().map_or(&[][..], |(_, d)| d.as_slice());
                 let piece = d.get(off..off + len).ok_or_else(|| {

@@ -53,6 +53,8 @@ pub enum Source {
     /// A regular file of an EROFS image read through the reader (re-encoding): read
     /// on demand, decoding only the extents a read covers; holes from its mapping.
     Erofs(Arc<crate::erofsin::ErofsFile>),
+    /// A regular file of a SquashFS image with data blocks, decoded as it is read.
+    Squash(Arc<crate::squashfs::SquashFile>),
 }
 
 impl Source {
@@ -64,6 +66,7 @@ impl Source {
             Source::Spooled { spool, .. } => spool.path(),
             Source::External { .. } => Path::new("(extra device)"),
             Source::Erofs(e) => &e.image.path,
+            Source::Squash(f) => f.image_path(),
         }
     }
 
@@ -148,6 +151,7 @@ impl Reader<'_> {
             }
             Source::External { .. } => Err(std::io::ErrorKind::Unsupported.into()),
             Source::Erofs(e) => e.read_exact_at(buf, off),
+            Source::Squash(f) => f.read_exact_at(buf, off),
             Source::Spooled { spool, segs } => {
                 let end = off
                     .checked_add(buf.len() as u64)
@@ -241,6 +245,7 @@ impl Reader<'_> {
             }
             Source::Range { .. } | Source::External { .. } => None,
             Source::Erofs(e) => e.segments(),
+            Source::Squash(f) => f.segments(),
             Source::Sparse { segs, .. } | Source::Spooled { segs, .. } => {
                 let mut v: Vec<(u64, u64)> = Vec::with_capacity(segs.len());
                 for s in segs.iter().filter(|s| s.len > 0) {

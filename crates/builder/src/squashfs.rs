@@ -14,7 +14,7 @@
 
 use crate::options::*;
 use crate::scan::{fix_nlinks, InodeId, Kind, Node, Tree};
-use crate::source::{Segment, Source};
+use crate::source::Source;
 use ferofs_format::inode::*;
 use std::collections::HashMap;
 use std::fs::File;
@@ -94,14 +94,27 @@ struct Table {
     what: &'static str,
 }
 
-struct Img {
+/// The image file and its superblock: what reading and decoding a block needs,
+/// shared with the files whose data blocks are read during the build ([`SquashFile`]).
+struct Data {
     f: File,
     path: PathBuf,
     sb: Sb,
+}
+
+struct Img {
+    data: Arc<Data>,
     /// Metadata blocks read so far: absolute position -> (contents, next block's position).
     meta: HashMap<u64, (Arc<Vec<u8>>, u64)>,
     /// Decoded bytes in `meta`; past [`META_CACHE_MAX`] it starts again empty.
     meta_bytes: usize,
+}
+
+impl std::ops::Deref for Img {
+    type Target = Data;
+    fn deref(&self) -> &Data {
+        &self.data
+    }
 }
 
 /// Most decoded metadata kept (the inode and directory tables of a large distribution
@@ -109,7 +122,7 @@ struct Img {
 /// few bytes each cannot make the cache grow with them.
 const META_CACHE_MAX: usize = 64 << 20;
 
-impl Img {
+impl Data {
     fn bad(&self, what: String) -> BuildError {
         BuildError::Invalid {
             path: self.path.clone(),
@@ -182,7 +195,9 @@ impl Img {
             self.decompress(&raw, self.sb.block_size as usize, pos)
         }
     }
+}
 
+impl Img {
     /// The metadata block at absolute `pos`: its contents and the next block's position.
     fn meta_block(&mut self, pos: u64) -> Result<(Arc<Vec<u8>>, u64)> {
         if let Some(b) = self.meta.get(&pos) {
@@ -639,11 +654,13 @@ fn read_xattrs(
     Ok(out)
 }
 
-/// Decompressed file data goes to the spool. The scan only plans it (each file's
-/// place in the spool, its segments, the [`Work`] that fills them); [`decode_all`]
-/// then reads, decompresses and writes the blocks on all worker threads.
+/// The tails of files that SquashFS keeps in fragment blocks go to the spool. The scan
+/// only plans it (each tail's place, the [`Work`] that fills it); [`decode_all`] then
+/// decodes the fragment blocks on all worker threads. Data blocks are not spooled: a
+/// file that has some is a [`SquashFile`], whose blocks the build's workers decode as
+/// they read it.
 struct Spool {
-    file: File,
+    file: Arc<File>,
     path: Arc<Path>,
     len: u64,
     /// Deduplicated files: (first block, size, fragment, fragment offset, block list)
@@ -656,41 +673,140 @@ struct Spool {
     paths: Vec<Vec<u8>>,
 }
 
-/// Data blocks of one file in a row (the sparse ones skipped), or one file's tail in a
-/// fragment block, with where the decoded bytes go in the spool.
-enum Work {
-    Blocks {
-        file: usize,
-        /// Image position of the first block.
-        pos: u64,
-        /// The file's block list and the blocks `[from, to)` of it.
-        blocks: Arc<[u32]>,
-        from: usize,
-        to: usize,
-        size: u64,
-        /// Spool position of the first decoded byte.
-        at: u64,
-    },
-    Tail {
-        file: usize,
-        frag: u32,
-        /// The fragment block's image position and size word.
-        block: u64,
-        word: u32,
-        off: usize,
-        len: usize,
-        at: u64,
-    },
+/// One file's tail in a fragment block, with where it goes in the spool.
+struct Work {
+    file: usize,
+    frag: u32,
+    /// The fragment block's image position and size word.
+    block: u64,
+    word: u32,
+    off: usize,
+    len: usize,
+    at: u64,
 }
 
-/// Data blocks one [`Work::Blocks`] holds at most (a big file is split so that its
-/// blocks decode on every thread).
-const WORK_BLOCKS: usize = 64;
+/// Tails one batch of work holds at most (a thread's share at a time).
+const BATCH_TAILS: usize = 2048;
 
-/// Decoded bytes one batch of work holds at most (a thread's share at a time).
-const BATCH_BYTES: u64 = 8 << 20;
+/// A regular file of the SquashFS image with data blocks: read during the build,
+/// decoding the blocks a read needs (on the worker that reads), its tail (if it has
+/// one in a fragment block) from the spool.
+pub struct SquashFile {
+    data: Arc<Data>,
+    /// The file's path (error messages).
+    rel: Box<[u8]>,
+    size: u64,
+    /// Size words of the blocks, and each block's image position.
+    blocks: Box<[u32]>,
+    pos: Box<[u64]>,
+    /// The tail: spool file and position (its length is the size past the blocks).
+    tail: Option<(Arc<File>, u64)>,
+}
 
-/// Plan file `loc` (at `rel`) in the spool: its source, and the work that fills it.
+impl std::fmt::Debug for SquashFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "SquashFile({}: /{}, {} bytes)",
+            self.data.path.display(),
+            String::from_utf8_lossy(&self.rel),
+            self.size
+        )
+    }
+}
+
+impl SquashFile {
+    /// The image the blocks are read from.
+    pub fn image_path(&self) -> &Path {
+        &self.data.path
+    }
+
+    fn err(&self, e: BuildError) -> std::io::Error {
+        let what = match e {
+            BuildError::Invalid { what, .. } => what,
+            e => e.to_string(),
+        };
+        std::io::Error::other(format!("/{}: {what}", String::from_utf8_lossy(&self.rel)))
+    }
+
+    /// Fill `buf` with the file's bytes from `off` (zeros in sparse blocks). A read past
+    /// the end is `UnexpectedEof`; a block that does not decode to its length is an
+    /// error naming the file and the block's position.
+    pub fn read_exact_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        let end = off
+            .checked_add(buf.len() as u64)
+            .filter(|&e| e <= self.size)
+            .ok_or(std::io::ErrorKind::UnexpectedEof)?;
+        let bs = u64::from(self.data.sb.block_size);
+        let in_blocks = (self.blocks.len() as u64).saturating_mul(bs).min(self.size);
+        let mut p = off;
+        // Bounded: each turn moves `p` on by at least one byte, or ends.
+        while p < end {
+            let dst = &mut buf[(p - off) as usize..];
+            if p >= in_blocks {
+                let (spool, at) = self
+                    .tail
+                    .as_ref()
+                    .ok_or(std::io::ErrorKind::UnexpectedEof)?;
+                spool.read_exact_at(&mut dst[..(end - p) as usize], at + (p - in_blocks))?;
+                break;
+            }
+            let i = (p / bs) as usize;
+            let start = i as u64 * bs;
+            let want = (self.size - start).min(bs);
+            let n = (end.min(start + want) - p) as usize;
+            let word = self.blocks[i];
+            if word & 0x00ff_ffff == 0 {
+                dst[..n].fill(0);
+            } else {
+                let pos = self.pos[i];
+                let data = self
+                    .data
+                    .block(pos, word, "data block")
+                    .map_err(|e| self.err(e))?;
+                if data.len() as u64 != want {
+                    return Err(self.err(self.data.bad(format!(
+                        "data block at byte {pos}: {} bytes, {want} expected",
+                        data.len()
+                    ))));
+                }
+                let from = (p - start) as usize;
+                dst[..n].copy_from_slice(&data[from..from + n]);
+            }
+            p += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Data segments `[start, end)` when the file has sparse blocks, else None.
+    pub fn segments(&self) -> Option<Vec<(u64, u64)>> {
+        if self.blocks.iter().all(|w| w & 0x00ff_ffff != 0) {
+            return None;
+        }
+        let bs = u64::from(self.data.sb.block_size);
+        let mut v: Vec<(u64, u64)> = Vec::new();
+        for (i, w) in self.blocks.iter().enumerate() {
+            if w & 0x00ff_ffff == 0 {
+                continue;
+            }
+            let (a, b) = (i as u64 * bs, ((i as u64 + 1) * bs).min(self.size));
+            match v.last_mut() {
+                Some(l) if l.1 == a => l.1 = b,
+                _ => v.push((a, b)),
+            }
+        }
+        let in_blocks = (self.blocks.len() as u64).saturating_mul(bs).min(self.size);
+        if self.tail.is_some() && in_blocks < self.size {
+            match v.last_mut() {
+                Some(l) if l.1 == in_blocks => l.1 = self.size,
+                _ => v.push((in_blocks, self.size)),
+            }
+        }
+        Some(v)
+    }
+}
+
+/// Plan file `loc` (at `rel`): its source, and the work that spools its tail.
 fn read_file(
     img: &mut Img,
     sp: &mut Spool,
@@ -709,64 +825,25 @@ fn read_file(
     if let Some(s) = sp.seen.get(&key) {
         return Ok(s.clone());
     }
-    let file = sp.paths.len();
     let bs = img.sb.block_size as u64;
-    let mut segs: Vec<Segment> = Vec::new();
-    // `n` decoded bytes at file offset `logical` take the next `n` bytes of the spool.
-    let mut push = |sp: &mut Spool, n: u64, logical: u64| -> u64 {
-        let at = sp.len;
-        sp.len += n;
-        match segs.last_mut() {
-            Some(l) if l.start + l.len == logical && l.at + l.len == at => l.len += n,
-            _ => segs.push(Segment {
-                start: logical,
-                len: n,
-                at,
-            }),
+    let mut pos = Vec::with_capacity(blocks.len());
+    let mut p = start;
+    for (i, &w) in blocks.iter().enumerate() {
+        let len = u64::from(w & 0x00ff_ffff);
+        if len > bs {
+            return Err(img.bad(format!("data block at byte {p}: {len} bytes stored")));
         }
-        at
-    };
-    let list: Arc<[u32]> = Arc::from(blocks.as_slice());
-    let mut pos = start;
-    let mut i = 0;
-    // Bounded: each turn moves `i` on by at least one block.
-    while i < list.len() {
-        if list[i] & 0x00ff_ffff == 0 {
-            i += 1; // sparse: a hole
-            continue;
+        if len > 0 && size.saturating_sub(i as u64 * bs) == 0 {
+            return Err(img.bad(format!("data block at byte {p}: past the file's size")));
         }
-        // A run of stored blocks, at most WORK_BLOCKS.
-        let (from, first_pos) = (i, pos);
-        let mut at = None;
-        while i < list.len() && i - from < WORK_BLOCKS {
-            let len = u64::from(list[i] & 0x00ff_ffff);
-            if len == 0 {
-                break;
-            }
-            if len > bs {
-                return Err(img.bad(format!("data block at byte {pos}: {len} bytes stored")));
-            }
-            let logical = i as u64 * bs;
-            let want = size.saturating_sub(logical).min(bs);
-            let a = push(sp, want, logical);
-            at.get_or_insert(a);
-            pos = pos
-                .checked_add(len)
-                .ok_or_else(|| img.bad(format!("data block at byte {pos}: past 2^64")))?;
-            i += 1;
-        }
-        sp.work.push(Work::Blocks {
-            file,
-            pos: first_pos,
-            blocks: list.clone(),
-            from,
-            to: i,
-            size,
-            at: at.unwrap_or(sp.len),
-        });
+        pos.push(p);
+        p = p
+            .checked_add(len)
+            .ok_or_else(|| img.bad(format!("data block at byte {p}: past 2^64")))?;
     }
+    let mut tail = None;
     if frag != NO_FRAGMENT {
-        let tail = (size % bs) as usize;
+        let len = (size % bs) as usize;
         let e = img.table_entry(frags, u64::from(frag))?;
         let (block, word) = (le64(&e, 0), le32(&e, 8));
         if (word & 0x00ff_ffff) as u64 > bs {
@@ -775,135 +852,83 @@ fn read_file(
                 word & 0x00ff_ffff
             )));
         }
-        let at = push(sp, tail as u64, size - tail as u64);
-        sp.work.push(Work::Tail {
-            file,
+        let at = sp.len;
+        sp.len += len as u64;
+        sp.work.push(Work {
+            file: sp.paths.len(),
             frag,
             block,
             word,
             off: frag_off as usize,
-            len: tail,
+            len,
             at,
         });
+        sp.paths.push(rel.to_vec());
+        tail = Some(at);
     }
-    sp.paths.push(rel.to_vec());
-    let src = match segs.as_slice() {
-        [] if size == 0 => Source::Range {
-            file: sp.path.clone(),
-            at: 0,
-        },
-        [s] if s.start == 0 && s.len == size => Source::Range {
-            file: sp.path.clone(),
-            at: s.at,
-        },
-        _ => Source::Sparse {
-            file: sp.path.clone(),
-            segs: segs.into(),
-        },
+    let src = if blocks.is_empty() {
+        match tail {
+            // Only a tail (or nothing): bytes of the spool.
+            Some(at) => Source::Range {
+                file: sp.path.clone(),
+                at,
+            },
+            None if size == 0 => Source::Range {
+                file: sp.path.clone(),
+                at: 0,
+            },
+            // A size but no block and no fragment: all of it a hole.
+            None => Source::Sparse {
+                file: sp.path.clone(),
+                segs: Arc::from([]),
+            },
+        }
+    } else {
+        Source::Squash(Arc::new(SquashFile {
+            data: img.data.clone(),
+            rel: rel.into(),
+            size,
+            blocks: blocks.as_slice().into(),
+            pos: pos.into(),
+            tail: tail.map(|at| (sp.file.clone(), at)),
+        }))
     };
     sp.seen.insert(key, src.clone());
     Ok(src)
 }
 
 impl Work {
-    fn file(&self) -> usize {
-        match *self {
-            Work::Blocks { file, .. } | Work::Tail { file, .. } => file,
+    /// Decode this tail's fragment block (unless `frag` holds it: the one this thread
+    /// decoded last) and write the tail into the spool.
+    fn run(&self, img: &Data, sp: &Spool, frag: &mut Option<(u32, Vec<u8>)>) -> Result<()> {
+        if frag.as_ref().is_none_or(|(i, _)| *i != self.frag) {
+            *frag = Some((
+                self.frag,
+                img.block(self.block, self.word, "fragment block")?,
+            ));
         }
-    }
-
-    /// Decoded bytes this work writes (as planned).
-    fn bytes(&self, bs: u64) -> u64 {
-        match *self {
-            Work::Blocks { from, to, size, .. } => {
-                let end = (to as u64 * bs).min(size);
-                end.saturating_sub(from as u64 * bs)
-            }
-            Work::Tail { len, .. } => len as u64,
-        }
-    }
-
-    /// Read, decode and write this work's bytes into `spool`. `frag`: the fragment
-    /// block this thread decoded last.
-    fn run(&self, img: &Img, sp: &Spool, frag: &mut Option<(u32, Vec<u8>)>) -> Result<()> {
-        let bs = img.sb.block_size as u64;
-        let write = |data: &[u8], at: u64| {
-            sp.file
-                .write_all_at(data, at)
-                .map_err(io_err(&sp.path, "squashfs: write spool"))
-        };
-        match *self {
-            Work::Blocks {
-                pos,
-                ref blocks,
-                from,
-                to,
-                size,
-                at,
-                ..
-            } => {
-                let (mut pos, mut at) = (pos, at);
-                for (i, &b) in blocks.iter().enumerate().take(to).skip(from) {
-                    let want = size.saturating_sub(i as u64 * bs).min(bs) as usize;
-                    let len = (b & 0x00ff_ffff) as usize;
-                    let data = img.block(pos, b, "data block")?;
-                    if data.len() != want {
-                        return Err(img.bad(format!(
-                            "data block at byte {pos}: {} bytes, {want} expected",
-                            data.len()
-                        )));
-                    }
-                    write(&data, at)?;
-                    pos += len as u64;
-                    at += want as u64;
-                }
-                Ok(())
-            }
-            Work::Tail {
-                frag: idx,
-                block,
-                word,
-                off,
-                len,
-                at,
-                ..
-            } => {
-                if frag.as_ref().is_none_or(|(i, _)| *i != idx) {
-                    *frag = Some((idx, img.block(block, word, "fragment block")?));
-                }
-                let d = frag.as_ref().map_or(&[][..], |(_, d)| d.as_slice());
-                let piece = d.get(off..off + len).ok_or_else(|| {
-                    img.bad(format!("fragment {idx}: {len} bytes at {off} past its end"))
-                })?;
-                write(piece, at)
-            }
-        }
+        let d = frag.as_ref().map_or(&[][..], |(_, d)| d.as_slice());
+        let (idx, off, len) = (self.frag, self.off, self.len);
+        let piece = d
+            .get(off..off + len)
+            .ok_or_else(|| img.bad(format!("fragment {idx}: {len} bytes at {off} past its end")))?;
+        sp.file
+            .write_all_at(piece, self.at)
+            .map_err(io_err(&sp.path, "squashfs: write spool"))
     }
 }
 
-/// Fill the spool: the planned work in batches of about [`BATCH_BYTES`], on `threads`
-/// threads. The spool's bytes do not depend on the thread count; the error reported
-/// is the one of the first failing work in spool order, named by its file's path.
-fn decode_all(img: &Img, sp: &Spool, threads: usize) -> Result<()> {
+/// Fill the spool: the tails in batches of [`BATCH_TAILS`] on `threads` threads. The
+/// spool's bytes do not depend on the thread count; the error reported is the one of
+/// the first failing tail in spool order, named by its file's path.
+fn decode_all(img: &Data, sp: &Spool, threads: usize) -> Result<()> {
     use rayon::prelude::*;
-    let bs = img.sb.block_size as u64;
-    let mut batches: Vec<std::ops::Range<usize>> = Vec::new();
-    let (mut first, mut bytes) = (0, 0u64);
-    for (i, w) in sp.work.iter().enumerate() {
-        bytes += w.bytes(bs);
-        if bytes >= BATCH_BYTES {
-            batches.push(first..i + 1);
-            (first, bytes) = (i + 1, 0);
-        }
-    }
-    if first < sp.work.len() {
-        batches.push(first..sp.work.len());
-    }
-    let run = |r: &std::ops::Range<usize>| -> Result<()> {
+    let batches: Vec<&[Work]> = sp.work.chunks(BATCH_TAILS).collect();
+    let run = |ws: &&[Work]| -> Result<()> {
         let mut frag = None;
-        for w in &sp.work[r.clone()] {
+        for w in ws.iter() {
             w.run(img, sp, &mut frag).map_err(|e| {
-                let rel = sp.paths.get(w.file()).map_or(&[][..], Vec::as_slice);
+                let rel = sp.paths.get(w.file).map_or(&[][..], Vec::as_slice);
                 name_err(e, rel)
             })?;
         }
@@ -927,9 +952,11 @@ pub fn scan_squashfs(image: &Path, spool_dir: &Path, opts: &BuildOptions) -> Res
     let f = File::open(image).map_err(io_err(image, "squashfs: open"))?;
     let sb = superblock(&f, image)?;
     let mut img = Img {
-        f,
-        path: image.to_path_buf(),
-        sb,
+        data: Arc::new(Data {
+            f,
+            path: image.to_path_buf(),
+            sb,
+        }),
         meta: HashMap::new(),
         meta_bytes: 0,
     };
@@ -972,7 +999,7 @@ pub fn scan_squashfs(image: &Path, spool_dir: &Path, opts: &BuildOptions) -> Res
         .reopen()
         .map_err(io_err(t.path(), "squashfs: open spool"))?;
     let mut sp = Spool {
-        file,
+        file: Arc::new(file),
         path: Arc::from(t.path()),
         len: 0,
         seen: HashMap::new(),

@@ -1,12 +1,12 @@
 //! SquashFS (4.0, little-endian) input: an image read directly, rootless, with no
 //! temporary tree. Its metadata (inodes, directories, ids, xattrs, the fragment table)
-//! becomes a [`Tree`]; file contents are decompressed into one spool file beside the
-//! output and handed on as byte ranges of it ([`Source::Range`], or [`Source::Sparse`]
-//! when the file has sparse blocks, which stay holes). The scan plans the spool (every
-//! decoded block's place is known from the block list and the file size); the blocks
-//! are then read, decompressed and written on all worker threads, the same bytes for
-//! any thread count. Hardlinks are inodes with the same inode number; files SquashFS
-//! deduplicated (same blocks) share one spool range.
+//! becomes a [`Tree`]. A regular file with data blocks becomes a [`SquashFile`]
+//! source: the build's workers decode the blocks a read covers as they read it (sparse
+//! blocks stay holes). The tails SquashFS keeps in fragment blocks are decoded into one
+//! spool file beside the output (all worker threads, the same bytes for any thread
+//! count); a file of a tail only is a byte range of it ([`Source::Range`]). Hardlinks
+//! are inodes with the same inode number; files SquashFS deduplicated (same blocks)
+//! share one source.
 //!
 //! Compressors: gzip (zlib), lzo, xz, lz4, zstd. The old lzma compressor (id 2) is
 //! refused. Every count, offset and length read from the image is checked against the

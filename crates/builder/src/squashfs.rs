@@ -608,7 +608,9 @@ fn read_xattrs(
     if count > 65536 {
         return Err(img.bad(format!("xattr id {idx}: {count} xattrs")));
     }
-    let mut blk = kv_start + (r >> 16);
+    let mut blk = kv_start
+        .checked_add(r >> 16)
+        .ok_or_else(|| img.bad(format!("xattr id {idx}: reference {r:#x}")))?;
     let mut off = (r & 0xffff) as usize;
     let mut out = Vec::with_capacity(count as usize);
     for _ in 0..count {
@@ -635,7 +637,10 @@ fn read_xattrs(
                 )));
             }
             let vr = le64(&v, 0);
-            let (vh, vb, vo) = img.meta_read(kv_start + (vr >> 16), (vr & 0xffff) as usize, 4)?;
+            let vblk = kv_start
+                .checked_add(vr >> 16)
+                .ok_or_else(|| img.bad(format!("xattr id {idx}: value reference {vr:#x}")))?;
+            let (vh, vb, vo) = img.meta_read(vblk, (vr & 0xffff) as usize, 4)?;
             let n = le32(&vh, 0) as usize;
             if n > 65536 {
                 return Err(img.bad(format!("xattr id {idx}: value of {n} bytes")));

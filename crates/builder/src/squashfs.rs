@@ -286,26 +286,6 @@ impl Img {
                 ))
             })
     }
-
-    /// A table of `count` fixed-size entries, located by its index of block pointers at `at`.
-    fn table(&mut self, at: u64, count: usize, entry: usize, what: &str) -> Result<Vec<u8>> {
-        let bytes = count
-            .checked_mul(entry)
-            .ok_or_else(|| self.bad(format!("{what}: {count} entries")))?;
-        let blocks = bytes.div_ceil(META_SIZE);
-        let index = self.read_at(at, blocks * 8, what)?;
-        let mut out = Vec::with_capacity(bytes);
-        for i in 0..blocks {
-            let pos = le64(&index, i * 8);
-            let (b, _) = self.meta_block(pos)?;
-            out.extend_from_slice(&b);
-        }
-        if out.len() < bytes {
-            return Err(self.bad(format!("{what}: {} bytes, {bytes} wanted", out.len())));
-        }
-        out.truncate(bytes);
-        Ok(out)
-    }
 }
 
 fn superblock(f: &File, path: &Path) -> Result<Sb> {
@@ -390,13 +370,15 @@ struct FileLoc {
     size: u64,
     frag: u32,
     frag_off: u32,
-    blocks: Vec<u32>,
+    /// Size words of the data blocks; shared with the file's [`SquashFile`] and its
+    /// dedupe key.
+    blocks: Arc<[u32]>,
 }
 
 /// Where a directory's listing is: (start block, offset, size).
 type DirLoc = (u32, u16, u32);
 
-type DedupeKey = (u64, u64, u32, u32, Vec<u32>);
+type DedupeKey = (u64, u64, u32, u32, Arc<[u32]>);
 
 enum SqKind {
     Dir { start: u32, offset: u16, size: u32 },
@@ -484,7 +466,7 @@ fn read_inode(img: &mut Img, r: u64, ids: &[u32]) -> Result<SqInode> {
                 return Err(img.bad(format!("inode {number}: file size {size} is implausible")));
             }
             let (b, _, _) = img.meta_read(blk, off, n as usize * 4)?;
-            let blocks = (0..n as usize).map(|i| le32(&b, i * 4)).collect();
+            let blocks: Arc<[u32]> = (0..n as usize).map(|i| le32(&b, i * 4)).collect();
             (
                 SqKind::File(FileLoc {
                     start,
@@ -674,13 +656,12 @@ struct Spool {
     seen: HashMap<DedupeKey, Source>,
     /// What fills the spool, in spool order.
     work: Vec<Work>,
-    /// Paths of the files the work is for (error messages).
-    paths: Vec<Vec<u8>>,
 }
 
 /// One file's tail in a fragment block, with where it goes in the spool.
 struct Work {
-    file: usize,
+    /// The file's path (error messages).
+    rel: Arc<[u8]>,
     frag: u32,
     /// The fragment block's image position and size word.
     block: u64,
@@ -699,10 +680,10 @@ const BATCH_TAILS: usize = 2048;
 pub struct SquashFile {
     data: Arc<Data>,
     /// The file's path (error messages).
-    rel: Box<[u8]>,
+    rel: Arc<[u8]>,
     size: u64,
     /// Size words of the blocks, and each block's image position.
-    blocks: Box<[u32]>,
+    blocks: Arc<[u32]>,
     pos: Box<[u64]>,
     /// The tail: spool file and position (its length is the size past the blocks).
     tail: Option<(Arc<File>, u64)>,
@@ -743,7 +724,7 @@ impl SquashFile {
             .filter(|&e| e <= self.size)
             .ok_or(std::io::ErrorKind::UnexpectedEof)?;
         let bs = u64::from(self.data.sb.block_size);
-        let in_blocks = (self.blocks.len() as u64).saturating_mul(bs).min(self.size);
+        let in_blocks = self.in_blocks();
         let mut p = off;
         // Bounded: each turn moves `p` on by at least one byte, or ends.
         while p < end {
@@ -783,6 +764,12 @@ impl SquashFile {
         Ok(())
     }
 
+    /// How many of the file's bytes its blocks hold (the rest is its tail).
+    fn in_blocks(&self) -> u64 {
+        let bs = u64::from(self.data.sb.block_size);
+        (self.blocks.len() as u64).saturating_mul(bs).min(self.size)
+    }
+
     /// Data segments `[start, end)` when the file has sparse blocks, else None.
     pub fn segments(&self) -> Option<Vec<(u64, u64)>> {
         if self.blocks.iter().all(|w| w & 0x00ff_ffff != 0) {
@@ -800,7 +787,7 @@ impl SquashFile {
                 _ => v.push((a, b)),
             }
         }
-        let in_blocks = (self.blocks.len() as u64).saturating_mul(bs).min(self.size);
+        let in_blocks = self.in_blocks();
         if self.tail.is_some() && in_blocks < self.size {
             match v.last_mut() {
                 Some(l) if l.1 == in_blocks => l.1 = self.size,
@@ -846,6 +833,7 @@ fn read_file(
             .checked_add(len)
             .ok_or_else(|| img.bad(format!("data block at byte {p}: past 2^64")))?;
     }
+    let rel: Arc<[u8]> = Arc::from(rel);
     let mut tail = None;
     if frag != NO_FRAGMENT {
         let len = (size % bs) as usize;
@@ -860,7 +848,7 @@ fn read_file(
         let at = sp.len;
         sp.len += len as u64;
         sp.work.push(Work {
-            file: sp.paths.len(),
+            rel: rel.clone(),
             frag,
             block,
             word,
@@ -868,7 +856,6 @@ fn read_file(
             len,
             at,
         });
-        sp.paths.push(rel.to_vec());
         tail = Some(at);
     }
     let src = if blocks.is_empty() {
@@ -891,9 +878,9 @@ fn read_file(
     } else {
         Source::Squash(Arc::new(SquashFile {
             data: img.data.clone(),
-            rel: rel.into(),
+            rel,
             size,
-            blocks: blocks.as_slice().into(),
+            blocks: blocks.clone(),
             pos: pos.into(),
             tail: tail.map(|at| (sp.file.clone(), at)),
         }))
@@ -932,10 +919,7 @@ fn decode_all(img: &Data, sp: &Spool, threads: usize) -> Result<()> {
     let run = |ws: &&[Work]| -> Result<()> {
         let mut frag = None;
         for w in ws.iter() {
-            w.run(img, sp, &mut frag).map_err(|e| {
-                let rel = sp.paths.get(w.file).map_or(&[][..], Vec::as_slice);
-                name_err(e, rel)
-            })?;
+            w.run(img, sp, &mut frag).map_err(|e| name_err(e, &w.rel))?;
         }
         Ok(())
     };
@@ -965,10 +949,16 @@ pub fn scan_squashfs(image: &Path, spool_dir: &Path, opts: &BuildOptions) -> Res
         meta: HashMap::new(),
         meta_bytes: 0,
     };
-    let ids_raw = img.table(img.sb.id_table, img.sb.id_count as usize, 4, "id table")?;
-    let ids: Vec<u32> = (0..img.sb.id_count as usize)
-        .map(|i| le32(&ids_raw, i * 4))
-        .collect();
+    // At most 65,535 ids (a 16-bit count), each read through the shared entry lookup.
+    let id_table = Table {
+        index: img.sb.id_table,
+        count: u64::from(img.sb.id_count),
+        entry: 4,
+        what: "id table",
+    };
+    let ids: Vec<u32> = (0..id_table.count)
+        .map(|i| img.table_entry(&id_table, i).map(|e| le32(&e, 0)))
+        .collect::<Result<_>>()?;
     let frags = Table {
         index: img.sb.frag_table,
         count: if img.sb.frag_table != NOT_SET {
@@ -1009,7 +999,6 @@ pub fn scan_squashfs(image: &Path, spool_dir: &Path, opts: &BuildOptions) -> Res
         len: 0,
         seen: HashMap::new(),
         work: Vec::new(),
-        paths: Vec::new(),
     };
 
     let excl = crate::scan::Excludes::new(opts);

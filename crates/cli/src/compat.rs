@@ -59,6 +59,8 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
     let mut tar: Option<char> = None;
     let mut compress = false;
     let mut sort_none = false;
+    let mut pcluster: Option<String> = None;
+    let mut extended: Vec<String> = Vec::new();
     let mut i = 0;
     // Bounded: every pass consumes at least one argument.
     while i < args.len() {
@@ -171,7 +173,10 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                     out.push("-z".into());
                     out.push(value()?.into());
                 }
-                'C' | 'E' | 'b' | 'L' | 'U' | 'T' => {
+                // Kept until the end: without -z, mkfs.erofs ignores them.
+                'C' => pcluster = Some(value()?),
+                'E' => extended.push(value()?),
+                'b' | 'L' | 'U' | 'T' => {
                     out.push(format!("-{opt}").into());
                     out.push(value()?.into());
                 }
@@ -210,10 +215,36 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
         }
         pos.push(raw.clone());
     }
-    if !compress {
-        // mkfs.erofs's default is an uncompressed image.
+    if compress {
+        if let Some(c) = pcluster {
+            out.push("-C".into());
+            out.push(c.into());
+        }
+    } else {
+        // mkfs.erofs's default is an uncompressed image, where it ignores -C and the
+        // compression-only -E features without a word; so does this (with a warning).
         out.push("-z".into());
         out.push("none".into());
+        let mut ignored: Vec<String> = pcluster.iter().map(|c| format!("-C{c}")).collect();
+        for e in &mut extended {
+            let (keep, drop): (Vec<&str>, Vec<&str>) = e.split(',').partition(|f| {
+                let name = f.split('=').next().unwrap_or("");
+                !matches!(name, "ztailpacking" | "fragments" | "all-fragments")
+            });
+            ignored.extend(drop.iter().map(|f| format!("-E{f}")));
+            *e = keep.join(",");
+        }
+        extended.retain(|e| !e.is_empty());
+        if !ignored.is_empty() && !out.iter().any(|a| a == "--quiet") {
+            eprintln!(
+                "mkfs.erofs: {} ignored: the image is not compressed (no -z)",
+                ignored.join(" ")
+            );
+        }
+    }
+    for e in extended {
+        out.push("-E".into());
+        out.push(e.into());
     }
     if sort_none {
         out.push("--sort".into());
@@ -276,17 +307,69 @@ mod tests {
             [
                 "--aufs",
                 "--quiet",
-                "-E",
-                "noinline_data",
                 "-U",
                 "c0ffee00-0000-4000-8000-000000000001",
                 "-z",
                 "lz4hc",
+                "-E",
+                "noinline_data",
                 "--sort",
                 "none",
                 "--tar",
                 "-",
                 "layer.erofs"
+            ]
+        );
+    }
+
+    #[test]
+    fn compression_options_without_z_are_ignored_as_mkfs_erofs_does() {
+        // mkfs.erofs 1.9.3 builds an uncompressed image from this command line, with
+        // neither an error nor a warning: -C and the compression-only features are
+        // dropped, dedupe and the rest stay.
+        assert_eq!(
+            t(&[
+                "-C65536",
+                "-Eztailpacking,dedupe,fragments=131072",
+                "-Eall-fragments",
+                "-E^ztailpacking,48bit",
+                "out.img",
+                "src"
+            ])
+            .expect("translate"),
+            [
+                "-z",
+                "none",
+                "-E",
+                "dedupe",
+                "-E",
+                "^ztailpacking,48bit",
+                "src",
+                "out.img"
+            ]
+        );
+        // With -z they all stay, in their order.
+        assert_eq!(
+            t(&[
+                "-C65536",
+                "-Eztailpacking",
+                "-zlz4",
+                "-Efragments",
+                "out.img",
+                "src"
+            ])
+            .expect("translate"),
+            [
+                "-z",
+                "lz4",
+                "-C",
+                "65536",
+                "-E",
+                "ztailpacking",
+                "-E",
+                "fragments",
+                "src",
+                "out.img"
             ]
         );
     }
@@ -307,12 +390,12 @@ mod tests {
             [
                 "-z",
                 "lz4hc,level=12",
-                "-C",
-                "65536",
                 "-T",
                 "0",
                 "-j",
                 "2",
+                "-C",
+                "65536",
                 "src",
                 "out.img"
             ]

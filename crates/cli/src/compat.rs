@@ -61,6 +61,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
     let mut sort_none = false;
     let mut pcluster: Option<String> = None;
     let mut extended: Vec<String> = Vec::new();
+    let mut metabox: Option<String> = None;
     let mut i = 0;
     // Bounded: every pass consumes at least one argument.
     while i < args.len() {
@@ -185,7 +186,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                     if v.contains(':') {
                         bail!("mkfs.erofs: -m{v}: another algorithm for metadata is not implemented by ferofs");
                     }
-                    out.push(format!("--metabox={v}").into());
+                    metabox = Some(v);
                 }
                 'd' => {
                     if value()?.trim() == "0" {
@@ -220,12 +221,22 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
             out.push("-C".into());
             out.push(c.into());
         }
+        if let Some(m) = metabox {
+            out.push(format!("--metabox={m}").into());
+        }
     } else {
         // mkfs.erofs's default is an uncompressed image, where it ignores -C and the
         // compression-only -E features without a word; so does this (with a warning).
         out.push("-z".into());
         out.push("none".into());
         let mut ignored: Vec<String> = pcluster.iter().map(|c| format!("-C{c}")).collect();
+        // An uncompressed metabox has no pcluster size.
+        if let Some(m) = metabox {
+            if m.trim() != "0" {
+                ignored.push(format!("the pcluster size of -m{m}"));
+            }
+            out.push("--metabox=0".into());
+        }
         for e in &mut extended {
             let (keep, drop): (Vec<&str>, Vec<&str>) = e.split(',').partition(|f| {
                 let name = f.split('=').next().unwrap_or("");
@@ -347,6 +358,11 @@ mod tests {
                 "src",
                 "out.img"
             ]
+        );
+        // An uncompressed metabox (mkfs.erofs builds one from -m65536 without -z).
+        assert_eq!(
+            t(&["-m65536", "out.img", "src"]).expect("translate"),
+            ["-z", "none", "--metabox=0", "src", "out.img"]
         );
         // With -z they all stay, in their order.
         assert_eq!(

@@ -220,10 +220,31 @@ impl<S: Source> Image<S> {
                 if p == 0 {
                     return Err(bad(CorruptKind::BadPcluster, 0, "empty plain pcluster"));
                 }
-                if interlaced && !inline {
-                    // Rotated by la % p: logical byte i is stored at (k + i) % p.
-                    let k = usize::try_from(e.la % p as u64).unwrap_or(0);
-                    let mut from = k;
+                if n > p || (!partial && span > p as u64) {
+                    return Err(bad(
+                        CorruptKind::BadPcluster,
+                        n as u64,
+                        "plain extent longer than its pcluster",
+                    ));
+                }
+                if interlaced {
+                    // As the kernel reads it: the first bs - la % bs bytes of the extent
+                    // are the last ones of the pcluster, the rest follow from its start.
+                    // So byte i is stored at (r + i) % p, r = p - (bs - la % bs): for
+                    // one block, a rotation by la % bs. A pcluster shorter than bs -
+                    // la % bs (an inline tail: mkfs.erofs 1.9.3 writes such tails for
+                    // its packed inode) makes the kernel read bytes before the pcluster:
+                    // refused, rather than returning other bytes than the kernel.
+                    let bs = u64::from(self.block_size());
+                    let head = bs - e.la % bs;
+                    let r = (p as u64).checked_sub(head).ok_or_else(|| {
+                        bad(
+                            CorruptKind::BadPcluster,
+                            p as u64,
+                            "interlaced plain pcluster shorter than its first block's part (the kernel reads before it)",
+                        )
+                    })?;
+                    let mut from = usize::try_from(r).unwrap_or(0);
                     let mut filled = 0;
                     // Bounded: every step fills at least one byte (from < p).
                     while filled < n {
@@ -233,13 +254,6 @@ impl<S: Source> Image<S> {
                         from = (from + take) % p;
                     }
                 } else {
-                    if n > p || (!partial && span > p as u64) {
-                        return Err(bad(
-                            CorruptKind::BadPcluster,
-                            n as u64,
-                            "plain extent longer than its pcluster",
-                        ));
-                    }
                     out.copy_from_slice(&raw[..n]);
                 }
             }

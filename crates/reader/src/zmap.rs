@@ -771,8 +771,15 @@ impl<S: Source> Image<S> {
             return Err(self.zerr(ino, CorruptKind::BadLcluster, la, "bad extent record"));
         }
         let is_last = end >= ino.size;
-        if is_last && zi.fragment_off.is_some() && recsz > 4 {
-            let off = u64::from(plen) | (pstart << 32);
+        if is_last && zi.fragment_off.is_some() {
+            // The kernel: the record's plen is the fragment offset, its pstart (records
+            // of 8 bytes and more) the offset's high bits. Records of 4 bytes have no
+            // pstart of their own (`pstart` here is the sum of the lengths before).
+            let off = if recsz > 4 {
+                u64::from(plen) | (pstart << 32)
+            } else {
+                u64::from(plen)
+            };
             return Ok(ZExtent {
                 la,
                 end,
@@ -794,10 +801,10 @@ impl<S: Source> Image<S> {
         let fmt = plen >> 28;
         let bs = 1u64 << self.blkszbits;
         let kind = if fmt == 0 {
+            // As the kernel: interlaced when the inode says so and the pcluster starts
+            // on a block.
             ZKind::Plain {
-                interlaced: zi.advise & ADVISE_INTERLACED_PCLUSTER != 0
-                    && pstart % bs == 0
-                    && len % bs == 0,
+                interlaced: zi.advise & ADVISE_INTERLACED_PCLUSTER != 0 && pstart % bs == 0,
             }
         } else {
             ZKind::Compressed((fmt - 1) as u8)

@@ -203,15 +203,14 @@ struct Found {
     paths: Vec<String>,
 }
 
-/// What one inode's check gives: problems, data byte ranges (start, end, nid) and
-/// bytes read.
-/// Problems, data byte ranges (start, end, nid), the inode record's byte range, bytes read.
-type InodeResult = (
-    Vec<Problem>,
-    Vec<(u64, u64, u64)>,
-    Option<(u64, u64, u64)>,
-    u64,
-);
+/// A data byte range: (start, end, nid, uncompressed blocks). Uncompressed blocks are
+/// shared block by block (mkfs.erofs dedupes them so: a file's blocks may be a run
+/// inside another's), so two such ranges may overlap in part.
+type DataRange = (u64, u64, u64, bool);
+
+/// What one inode's check gives: problems, data byte ranges, the inode record's byte
+/// range (start, end, nid), bytes read.
+type InodeResult = (Vec<Problem>, Vec<DataRange>, Option<(u64, u64, u64)>, u64);
 
 /// Result of a whole check.
 pub struct Report {
@@ -584,7 +583,7 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool, watch: &[(u64, u6
             |(buf, ctx), f| check_inode(img, image_len, f, buf, ctx),
         )
         .collect();
-    let mut ranges: Vec<(u64, u64, u64)> = Vec::new();
+    let mut ranges: Vec<DataRange> = Vec::new();
     let mut records: Vec<(u64, u64, u64)> = Vec::new();
     for (p, r, rec, n) in results {
         problems.extend(p);
@@ -612,12 +611,12 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool, watch: &[(u64, u6
 
 /// The paths of the inodes whose data ranges meet each of `watch` (sorted, not
 /// overlapping byte ranges).
-fn owners(ranges: &[(u64, u64, u64)], items: &[Found], watch: &[(u64, u64)]) -> Vec<Vec<String>> {
+fn owners(ranges: &[DataRange], items: &[Found], watch: &[(u64, u64)]) -> Vec<Vec<String>> {
     let mut out = vec![Vec::new(); watch.len()];
     if watch.is_empty() {
         return out;
     }
-    for &(s, e, nid) in ranges {
+    for &(s, e, nid, _) in ranges {
         let first = watch.partition_point(|&(_, we)| we <= s);
         for (i, &(ws, _)) in watch.iter().enumerate().skip(first) {
             if ws >= e {
@@ -667,7 +666,10 @@ fn check_inode(
                     continue;
                 }
                 match p.checked_add(x.stored) {
-                    Some(end) if end <= image_len => ranges.push((p, end, ino.nid)),
+                    Some(end) if end <= image_len => {
+                        let blocks = x.kind == "plain" && p % u64::from(img.block_size()) == 0;
+                        ranges.push((p, end, ino.nid, blocks));
+                    }
                     _ => probs.push(
                         Problem {
                             paths: f.paths.clone(),
@@ -737,20 +739,21 @@ fn check_inode(
 
 /// Partial overlaps between byte ranges of different inodes, and between data and
 /// inode records (core and inline xattrs) or two records. Identical data ranges are
-/// sharing (dedupe) and allowed; overlaps within one inode's data too.
-/// Memory: the range vectors only (24 bytes a range), sorted in place.
+/// sharing (dedupe) and allowed, and so are overlaps between block-aligned ranges of
+/// uncompressed blocks (block dedupe); overlaps within one inode's data too.
+/// Memory: the range vectors only (32 bytes a range), sorted in place.
 fn overlaps(
-    mut ranges: Vec<(u64, u64, u64)>,
+    mut ranges: Vec<DataRange>,
     records: Vec<(u64, u64, u64)>,
     items: &[Found],
 ) -> Vec<Problem> {
     ranges.sort_unstable();
     ranges.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
-    // (start, end, nid, is a record), by start.
-    let mut all: Vec<(u64, u64, u64, bool)> = ranges
+    // (start, end, nid, is a record, uncompressed blocks), by start.
+    let mut all: Vec<(u64, u64, u64, bool, bool)> = ranges
         .into_iter()
-        .map(|(s, e, n)| (s, e, n, false))
-        .chain(records.into_iter().map(|(s, e, n)| (s, e, n, true)))
+        .map(|(s, e, n, b)| (s, e, n, false, b))
+        .chain(records.into_iter().map(|(s, e, n)| (s, e, n, true, false)))
         .collect();
     all.sort_unstable();
     let paths_of = |nid: u64| -> Vec<String> {
@@ -763,11 +766,15 @@ fn overlaps(
     };
     let what = |rec: bool| if rec { "inode record" } else { "data" };
     let mut out = Vec::new();
-    // The range reaching furthest so far: (end, start, nid, is a record).
-    let mut reach: Option<(u64, u64, u64, bool)> = None;
-    for &(s, e, nid, rec) in &all {
-        if let Some((rend, rstart, rnid, rrec)) = reach {
-            if s < rend && (rnid != nid || rec != rrec) && out.len() < MAX_PROBLEMS {
+    // The range reaching furthest so far: (end, start, nid, is a record, blocks).
+    let mut reach: Option<(u64, u64, u64, bool, bool)> = None;
+    for &(s, e, nid, rec, blocks) in &all {
+        if let Some((rend, rstart, rnid, rrec, rblocks)) = reach {
+            if s < rend
+                && (rnid != nid || rec != rrec)
+                && !(blocks && rblocks)
+                && out.len() < MAX_PROBLEMS
+            {
                 let p = Problem {
                     paths: paths_of(nid),
                     kind: if rec || rrec {
@@ -790,10 +797,10 @@ fn overlaps(
                 out.push(p);
             }
             if e > rend {
-                reach = Some((e, s, nid, rec));
+                reach = Some((e, s, nid, rec, blocks));
             }
         } else {
-            reach = Some((e, s, nid, rec));
+            reach = Some((e, s, nid, rec, blocks));
         }
     }
     out

@@ -244,15 +244,12 @@ impl<S: Source> Image<S> {
                             "interlaced plain pcluster shorter than its first block's part (the kernel reads before it)",
                         )
                     })?;
-                    let mut from = usize::try_from(r).unwrap_or(0);
-                    let mut filled = 0;
-                    // Bounded: every step fills at least one byte (from < p).
-                    while filled < n {
-                        let take = (p - from).min(n - filled);
-                        out[filled..filled + take].copy_from_slice(&raw[from..from + take]);
-                        filled += take;
-                        from = (from + take) % p;
-                    }
+                    // r < p and n <= p: the pcluster's end, then (if more is wanted)
+                    // its start.
+                    let r = usize::try_from(r).unwrap_or(0);
+                    let first = (p - r).min(n);
+                    out[..first].copy_from_slice(&raw[r..r + first]);
+                    out[first..].copy_from_slice(&raw[..n - first]);
                 } else {
                     out.copy_from_slice(&raw[..n]);
                 }

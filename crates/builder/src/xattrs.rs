@@ -23,7 +23,13 @@ fn encode(name: &[u8], value: &[u8]) -> Vec<u8> {
     encode_entry(idx, suffix, value).unwrap_or_default()
 }
 
-pub fn plan(tree: &Tree) -> XattrPlan {
+/// `metabox`: the inodes live in the metabox inode. Linux 6.17-6.18 read an inode's
+/// shared xattrs through the buffer its inline xattrs left behind, which holds a page
+/// of the metabox, not of the image, whenever the two page indexes meet (seen with
+/// 512- and 1024-byte blocks): the kernel then misses or garbles the shared entries.
+/// So in a metabox image an inode keeps all its xattrs inline or all shared, never both
+/// (the metabox is compressed, so the repeated inline entries cost little).
+pub fn plan(tree: &Tree, metabox: bool) -> XattrPlan {
     let mut counts: HashMap<(&[u8], &[u8]), usize> = HashMap::new();
     for n in &tree.nodes {
         for (k, v) in &n.xattrs {
@@ -62,6 +68,14 @@ pub fn plan(tree: &Tree) -> XattrPlan {
                 match ids.get(&(k.as_slice(), v.as_slice())) {
                     Some(&id) if sids.len() < 255 => sids.push(id),
                     _ => inline.extend_from_slice(&encode(k, v)),
+                }
+            }
+            if metabox && !sids.is_empty() && !inline.is_empty() {
+                let all: Vec<u8> = n.xattrs.iter().flat_map(|(k, v)| encode(k, v)).collect();
+                // (Unless the whole would not fit one inode's area: no real tree has that.)
+                if xattr_icount_for(IBODY_HEADER_SIZE + all.len()).is_some() {
+                    sids.clear();
+                    inline = all;
                 }
             }
             let h = IbodyHeader {

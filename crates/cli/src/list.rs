@@ -143,6 +143,7 @@ pub fn stat(image: &Path, path: &str, json_out: bool) -> Result<()> {
         .map(|x| json!({"name": bytes_display(&x.name), "value_hex": hex(&x.value), "value": bytes_display(&x.value)}))
         .collect();
     v["xattrs"] = json!(xattrs);
+    v["xattr_shared_ids"] = json!(img.xattr_shared_ids(&ino)?);
     let extents: Vec<Value> = img
         .extents(&ino)?
         .iter()

@@ -142,3 +142,76 @@ fn metabox_saves_space_and_variants_mount() {
         assert!(!out.status.success(), "{bad:?} accepted");
     }
 }
+
+/// Files with one xattr they share (more than two carry it: a shared entry) and one of
+/// their own (inline), in a metabox image with small blocks. Linux 6.17-6.18 read the
+/// shared entries of such an inode through the page its inline entries left in the
+/// buffer, a metabox page, when the two page numbers meet: the kernel lost
+/// `user.common` from every file until ferofs kept such an inode's xattrs all inline.
+/// Without `-m` the entry stays shared (the id is in the inode).
+#[test]
+fn metabox_inline_and_shared_xattrs_read_back_through_the_kernel() {
+    if !kernel_available("metabox_inline_and_shared_xattrs_read_back_through_the_kernel") {
+        return;
+    }
+    let fs = Tmpfs::new("64m");
+    let tree = fs.path().join("tree");
+    std::fs::create_dir(&tree).expect("mkdir");
+    for i in 0..6 {
+        let f = tree.join(format!("f{i}"));
+        std::fs::write(&f, format!("file {i}\n")).expect("write");
+        set_xattr(&f, "user.common", b"one value every file has");
+        set_xattr(&f, &format!("user.own{i}"), format!("value {i}").as_bytes());
+    }
+    // One file with the shared entry only (it stays shared: nothing inline before it).
+    let f = tree.join("only-shared");
+    std::fs::write(&f, b"x").expect("write");
+    set_xattr(&f, "user.common", b"one value every file has");
+    for bs in ["512", "1024", "4096"] {
+        let img = fs.path().join(format!("x{bs}.erofs"));
+        build(&tree, &img, &["-b", bs, "-z", "lz4hc", "-m"]);
+        assert_image_holds(&img, &tree, &fs.path().join("x"), &format!("-b {bs} -m"));
+        // Which inodes keep a shared id (`stat --json` lists them).
+        let st = json(&ok(&[&"stat", &"--json", &img, &"/f0"]));
+        assert_eq!(
+            st["xattr_shared_ids"],
+            serde_json::json!([]),
+            "-b {bs}: {st}"
+        );
+        assert_eq!(
+            st["xattrs"].as_array().map(Vec::len),
+            Some(2),
+            "-b {bs}: {st}"
+        );
+        let st = json(&ok(&[&"stat", &"--json", &img, &"/only-shared"]));
+        assert_eq!(
+            st["xattr_shared_ids"],
+            serde_json::json!([0]),
+            "-b {bs}: {st}"
+        );
+        std::fs::remove_file(&img).expect("rm");
+    }
+    let img = fs.path().join("plain.erofs");
+    build(&tree, &img, &["-b", "1024", "-z", "lz4hc"]);
+    let st = json(&ok(&[&"stat", &"--json", &img, &"/f0"]));
+    assert_eq!(st["xattr_shared_ids"], serde_json::json!([0]), "{st}");
+}
+
+fn set_xattr(path: &Path, name: &str, value: &[u8]) {
+    let out = std::process::Command::new("setfattr")
+        .arg("-n")
+        .arg(name)
+        .arg("-v")
+        .arg(format!(
+            "0x{}",
+            value.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        ))
+        .arg(path)
+        .output()
+        .expect("run setfattr");
+    assert!(
+        out.status.success(),
+        "setfattr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

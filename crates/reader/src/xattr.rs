@@ -266,12 +266,12 @@ impl<S: Source> Image<S> {
         Ok(area)
     }
 
-    /// All attributes: inline entries first, then shared ones, in on-disk order.
-    pub fn xattrs(&self, ino: &Inode) -> Result<Vec<Xattr>> {
+    /// The inode's xattr area and the end of its shared-id array (after the header),
+    /// checked; `None` when the inode has no xattrs.
+    fn xattr_ibody(&self, ino: &Inode) -> Result<Option<(Vec<u8>, usize)>> {
         let area = self.xattr_area(ino)?;
-        let mut out = Vec::new();
         if area.is_empty() {
-            return Ok(out);
+            return Ok(None);
         }
         if area.len() < IBODY_HEADER_SIZE {
             return Err(corrupt(
@@ -295,10 +295,30 @@ impl<S: Source> Image<S> {
                 "shared xattr count overruns the area",
             ));
         }
+        Ok(Some((area, ids_end)))
+    }
+
+    /// The ids of the shared attributes the inode refers to, in on-disk order (each
+    /// is the entry's offset in the shared area / 4).
+    pub fn xattr_shared_ids(&self, ino: &Inode) -> Result<Vec<u32>> {
+        let Some((area, ids_end)) = self.xattr_ibody(ino)? else {
+            return Ok(Vec::new());
+        };
+        Ok(area[IBODY_HEADER_SIZE..ids_end]
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    /// All attributes: inline entries first, then shared ones, in on-disk order.
+    pub fn xattrs(&self, ino: &Inode) -> Result<Vec<Xattr>> {
+        let mut out = Vec::new();
+        let Some((area, ids_end)) = self.xattr_ibody(ino)? else {
+            return Ok(out);
+        };
         self.parse_entries(ino.nid, &area, ids_end, &mut out)?;
-        for i in 0..usize::from(h.shared_count) {
-            let p = IBODY_HEADER_SIZE + 4 * i;
-            let id = u32::from_le_bytes([area[p], area[p + 1], area[p + 2], area[p + 3]]);
+        for c in area[IBODY_HEADER_SIZE..ids_end].chunks_exact(4) {
+            let id = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             if let Some(x) = self.shared_entry(ino.nid, id)? {
                 out.push(x);
             }

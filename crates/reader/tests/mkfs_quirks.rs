@@ -14,6 +14,15 @@
 //!   Uncompressed pclusters of an inode with the interlaced flag whose length is not a
 //!   whole number of blocks: the kernel takes them as interlaced when they start on a
 //!   block (the reader required a whole number of blocks too, and read them shifted).
+//!
+//! And one the kernel misreads (so the reader must not follow it):
+//!
+//! - `mkfs-lzma-metabox-inline-and-shared-xattrs.erofs` (`fuzz/seeds/mkfs-images/make.sh`:
+//!   `mkfs.erofs -b512 -zlzma -m512 -Efragments`): `/a.txt` has three inline xattrs
+//!   and one shared (`security.selinux`, id 40, which `/b.bin` shares). Linux 6.18
+//!   lists only the three inline ones: it reads the shared entry through the metabox
+//!   page its inline entries left in its buffer. erofsfuse 1.9.3 lists all four, as
+//!   the format says.
 
 use ferofs_reader::Image;
 use sha2::{Digest, Sha256};
@@ -231,4 +240,45 @@ fn fragment_named_by_a_four_byte_record() {
 #[test]
 fn interlaced_plain_pclusters_of_any_length() {
     check("mkfs-zstd-48bit-interlaced.erofs");
+}
+
+#[test]
+fn shared_xattr_of_a_metabox_inode_with_inline_ones() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/mkfs-lzma-metabox-inline-and-shared-xattrs.erofs");
+    let img = Image::open(&path).expect("open");
+    let selinux = (
+        b"security.selinux".to_vec(),
+        b"system_u:object_r:etc_t:s0".to_vec(),
+    );
+    for p in ["/a.txt", "/hard"] {
+        let ino = img.lookup(p.as_bytes()).expect("lookup");
+        assert_eq!(img.xattr_shared_ids(&ino).expect("ids"), [40], "{p}");
+        let got: Vec<(Vec<u8>, Vec<u8>)> = img
+            .xattrs(&ino)
+            .expect("xattrs")
+            .into_iter()
+            .map(|x| (x.name, x.value))
+            .collect();
+        let want = vec![
+            (b"trusted.t".to_vec(), b"1".to_vec()),
+            (b"user.k".to_vec(), b"v".to_vec()),
+            (b"user.long".to_vec(), vec![b'y'; 200]),
+            selinux.clone(),
+        ];
+        assert_eq!(got, want, "{p}");
+        assert_eq!(
+            img.get_xattr(&ino, b"security.selinux").expect("get"),
+            Some(selinux.1.clone()),
+            "{p}"
+        );
+    }
+    let ino = img.lookup(b"/b.bin").expect("lookup");
+    let got: Vec<Vec<u8>> = img
+        .xattrs(&ino)
+        .expect("xattrs")
+        .into_iter()
+        .map(|x| x.name)
+        .collect();
+    assert_eq!(got, [selinux.0]);
 }

@@ -31,8 +31,10 @@ pub struct BuildOptions {
     /// At most 15 bytes.
     pub label: Option<String>,
     pub uuid: UuidChoice,
-    /// `-T`: build time, and every inode's mtime.
+    /// `-T`: build time, and every inode's mtime (unless `timestamp_build_only`).
     pub timestamp: Option<i64>,
+    /// `--mkfs-time`: `timestamp` is the build time only; files keep their mtimes.
+    pub timestamp_build_only: bool,
     /// `SOURCE_DATE_EPOCH`: build time; newer mtimes are clamped down to it.
     pub source_date_epoch: Option<i64>,
     /// Every inode gets the build time as mtime (compact inodes).
@@ -123,6 +125,7 @@ impl Default for BuildOptions {
             label: None,
             uuid: UuidChoice::Derived,
             timestamp: None,
+            timestamp_build_only: false,
             source_date_epoch: None,
             ignore_mtime: false,
             inline_data: true,

@@ -112,7 +112,7 @@ pub fn apply_time_policy(tree: &mut Tree, o: &BuildOptions) -> i64 {
         common.unwrap_or_else(|| tree.nodes.iter().map(|n| n.mtime).max().unwrap_or(0))
     });
     for n in &mut tree.nodes {
-        if let Some(t) = o.timestamp {
+        if let Some(t) = o.timestamp.filter(|_| !o.timestamp_build_only) {
             n.mtime = t;
             n.mtime_nsec = 0;
         } else if let Some(sde) = o.source_date_epoch {

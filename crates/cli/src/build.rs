@@ -73,6 +73,10 @@ pub struct BuildArgs {
     /// Build time and every file's mtime, in seconds since the epoch.
     #[arg(short = 'T', long, allow_negative_numbers = true)]
     timestamp: Option<i64>,
+    /// With -T: the timestamp is the build time only, files keep their own mtimes
+    /// (mkfs.erofs's `--mkfs-time`).
+    #[arg(long, requires = "timestamp")]
+    mkfs_time: bool,
     /// Store the build time instead of each file's mtime (smaller inodes).
     #[arg(long)]
     ignore_mtime: bool,
@@ -293,6 +297,7 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
         o.uuid = parse_uuid(u)?;
     }
     o.timestamp = a.timestamp;
+    o.timestamp_build_only = a.mkfs_time;
     o.ignore_mtime = a.ignore_mtime;
     if let Ok(s) = std::env::var("SOURCE_DATE_EPOCH") {
         if !s.is_empty() {

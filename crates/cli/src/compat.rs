@@ -12,14 +12,13 @@ use anyhow::{bail, Result};
 use std::ffi::OsString;
 
 /// mkfs.erofs options ferofs knows but does not implement (a clear error).
-const UNSUPPORTED_LONG: [&str; 22] = [
+const UNSUPPORTED_LONG: [&str; 21] = [
     "uid-offset",
     "gid-offset",
     "chunksize",
     "mount-point",
     "file-contexts",
     "max-extent-bytes",
-    "mkfs-time",
     "blobdev",
     "dsunit",
     "fsalignblks",
@@ -62,6 +61,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
     let mut pcluster: Option<String> = None;
     let mut extended: Vec<String> = Vec::new();
     let mut metabox: Option<String> = None;
+    let mut mkfs_time = false;
     let mut i = 0;
     // Bounded: every pass consumes at least one argument.
     while i < args.len() {
@@ -100,7 +100,11 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                 "ignore-mtime" => out.push("--ignore-mtime".into()),
                 // ferofs keeps each file's mtime by default, and -T sets all of them
                 // (mkfs.erofs's --all-time, its default).
-                "preserve-mtime" | "all-time" => {}
+                "preserve-mtime" => {}
+                // Whether -T sets the build time only or every mtime too: the later
+                // of the two wins, as in mkfs.erofs.
+                "all-time" => mkfs_time = false,
+                "mkfs-time" => mkfs_time = true,
                 // Compressed tar streams are detected by their magic.
                 "ungzip" | "unxz" if inline.is_none() => {}
                 "ungzip" | "unxz" => {
@@ -256,6 +260,10 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
     for e in extended {
         out.push("-E".into());
         out.push(e.into());
+    }
+    // Without -T files keep their mtimes whatever --mkfs-time says.
+    if mkfs_time && out.iter().any(|a| a == "-T") {
+        out.push("--mkfs-time".into());
     }
     if sort_none {
         out.push("--sort".into());

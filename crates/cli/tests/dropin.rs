@@ -180,7 +180,7 @@ fn directory_command_lines_and_unimplemented_options() {
     for opt in [
         "--file-contexts=/etc/selinux/x",
         "--uid-offset=5",
-        "--mkfs-time",
+        "--gzinfo",
         "-x-1",
     ] {
         let img = d.path().join("x.erofs");
@@ -196,6 +196,59 @@ fn directory_command_lines_and_unimplemented_options() {
         assert!(err.contains(name), "{opt}: {err}");
         assert!(!img.exists(), "{opt} left an image");
     }
+}
+
+/// `-T N --mkfs-time`: N is the build time only, every file keeps its mtime; with
+/// `--all-time` after it (or no `--mkfs-time`) N is every file's mtime too.
+#[test]
+fn mkfs_time_sets_the_build_time_only() {
+    let d = scratch("dropin-mkfs-time");
+    let src = d.path().join("src");
+    tree(&src);
+    let hostname = src.join("etc/hostname");
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_600_000_000);
+    std::fs::File::options()
+        .write(true)
+        .open(&hostname)
+        .and_then(|f| f.set_modified(t))
+        .expect("set mtime");
+    let mkfs = tool_symlink(d.path(), "mkfs.erofs");
+    for (args, file_mtime) in [
+        (&["-T1000", "--mkfs-time"][..], 1_600_000_000),
+        (&["--mkfs-time", "-T", "1000", "--all-time"][..], 1000),
+        (&["-T1000"][..], 1000),
+    ] {
+        let img = d.path().join("t.erofs");
+        let out = Command::new(&mkfs)
+            .args(args)
+            .arg("--quiet")
+            .arg(&img)
+            .arg(&src)
+            .output()
+            .expect("run mkfs.erofs");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let info = json(&ok(&[&"inspect", &"--json", &img]));
+        assert_eq!(info["build_time"].as_i64(), Some(1000), "{args:?}: {info}");
+        let st = json(&ok(&[&"stat", &"--json", &img, &"/etc/hostname"]));
+        assert_eq!(st["mtime"].as_i64(), Some(file_mtime), "{args:?}: {st}");
+        std::fs::remove_file(&img).expect("rm");
+    }
+    // ferofs build's own spelling; --mkfs-time needs -T.
+    let img = d.path().join("b.erofs");
+    build(&src, &img, &["-T", "1000", "--mkfs-time"]);
+    let st = json(&ok(&[&"stat", &"--json", &img, &"/etc/hostname"]));
+    assert_eq!(st["mtime"].as_i64(), Some(1_600_000_000), "{st}");
+    let out = ferofs()
+        .args(["build", "--mkfs-time"])
+        .arg(&src)
+        .arg(d.path().join("c.erofs"))
+        .output()
+        .expect("run");
+    assert!(!out.status.success(), "--mkfs-time without -T accepted");
 }
 
 #[test]

@@ -133,6 +133,7 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     if o.fsverity_digests {
         fsverity::add_digests(&mut tree, o.worker_threads())?;
     }
+    plan::apply_owner_offsets(&mut tree, o)?;
     let build_time = plan::apply_time_policy(&mut tree, o);
     if o.fragments != Fragments::Off {
         plan::add_packed_inode(&mut tree, build_time);

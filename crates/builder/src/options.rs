@@ -24,6 +24,10 @@ pub struct BuildOptions {
     pub all_root: bool,
     pub force_uid: Option<u32>,
     pub force_gid: Option<u32>,
+    /// Added to every uid / gid after `all_root` and `force_uid` / `force_gid`
+    /// (mkfs.erofs's `--uid-offset`, `--gid-offset`: user-namespace id shifts).
+    pub uid_offset: u32,
+    pub gid_offset: u32,
     /// Paths relative to the source root; a directory excludes its subtree.
     pub exclude_paths: Vec<PathBuf>,
     /// Matched against the path relative to the source root (no leading '/').
@@ -119,6 +123,8 @@ impl Default for BuildOptions {
             block_size: 4096,
             all_root: false,
             force_uid: None,
+            uid_offset: 0,
+            gid_offset: 0,
             force_gid: None,
             exclude_paths: Vec::new(),
             exclude_regex: Vec::new(),

@@ -9,6 +9,7 @@ use crate::sb::ComprCfg;
 use crate::scan::{InodeId, Kind, Tree};
 use crate::xattrs::{self, XattrPlan};
 use ferofs_format::inode::{xattr_icount_for, COMPACT_SIZE, EXTENDED_SIZE};
+use std::os::unix::ffi::OsStrExt;
 
 /// Everything later stages need to know about the inodes that does not depend on where
 /// data or metadata goes.
@@ -89,6 +90,32 @@ pub fn add_packed_inode(tree: &mut Tree, build_time: i64) {
         b"(packed inode)",
     ));
     tree.packed = Some(tree.nodes.len() - 1);
+}
+
+/// Add `--uid-offset` / `--gid-offset` to every inode's owner; an id pushed past
+/// 2^32-1 is an error naming the path.
+pub fn apply_owner_offsets(tree: &mut Tree, o: &BuildOptions) -> Result<()> {
+    if o.uid_offset == 0 && o.gid_offset == 0 {
+        return Ok(());
+    }
+    for n in &mut tree.nodes {
+        match (
+            n.uid.checked_add(o.uid_offset),
+            n.gid.checked_add(o.gid_offset),
+        ) {
+            (Some(u), Some(g)) => (n.uid, n.gid) = (u, g),
+            _ => {
+                return Err(BuildError::Invalid {
+                    path: std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&n.rel)),
+                    what: format!(
+                        "uid {} + {} or gid {} + {} is past 4294967295",
+                        n.uid, o.uid_offset, n.gid, o.gid_offset
+                    ),
+                })
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Apply the time policy to `tree` (doc: -T, SOURCE_DATE_EPOCH, --ignore-mtime) and
@@ -312,6 +339,35 @@ mod tests {
     fn planned(t: &mut Tree, o: &BuildOptions) -> Result<Plan> {
         let build_time = apply_time_policy(t, o);
         plan(t, build_time, o)
+    }
+
+    #[test]
+    fn owner_offsets_add_and_refuse_to_wrap() {
+        let mut t = tree();
+        t.nodes[1].uid = 5;
+        t.nodes[1].gid = 7;
+        let o = BuildOptions {
+            uid_offset: 100_000,
+            gid_offset: 200_000,
+            ..BuildOptions::default()
+        };
+        apply_owner_offsets(&mut t, &o).expect("offsets");
+        assert_eq!((t.nodes[0].uid, t.nodes[0].gid), (100_000, 200_000));
+        assert_eq!((t.nodes[1].uid, t.nodes[1].gid), (100_005, 200_007));
+        let mut t = tree();
+        t.nodes[2].uid = u32::MAX - 1;
+        t.nodes[2].rel = b"etc/wraps".to_vec();
+        let o = BuildOptions {
+            uid_offset: 2,
+            ..BuildOptions::default()
+        };
+        match apply_owner_offsets(&mut t, &o) {
+            Err(BuildError::Invalid { path, what }) => {
+                assert_eq!(path, std::path::Path::new("etc/wraps"));
+                assert!(what.contains("4294967294 + 2"), "{what}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

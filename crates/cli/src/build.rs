@@ -58,6 +58,12 @@ pub struct BuildArgs {
     /// Set every file's gid.
     #[arg(long, value_name = "GID")]
     force_gid: Option<u32>,
+    /// Add N to every uid (after --all-root / --force-uid), e.g. for a user namespace.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    uid_offset: u32,
+    /// Add N to every gid (after --all-root / --force-gid).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    gid_offset: u32,
     /// Leave out this path (relative to the source; repeatable).
     #[arg(long, value_name = "PATH")]
     exclude_path: Vec<PathBuf>,
@@ -282,6 +288,8 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
     o.all_root = a.all_root;
     o.force_uid = a.force_uid;
     o.force_gid = a.force_gid;
+    o.uid_offset = a.uid_offset;
+    o.gid_offset = a.gid_offset;
     o.exclude_paths = a.exclude_path.clone();
     for r in &a.exclude_regex {
         o.exclude_regex

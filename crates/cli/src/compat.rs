@@ -12,9 +12,7 @@ use anyhow::{bail, Result};
 use std::ffi::OsString;
 
 /// mkfs.erofs options ferofs knows but does not implement (a clear error).
-const UNSUPPORTED_LONG: [&str; 21] = [
-    "uid-offset",
-    "gid-offset",
+const UNSUPPORTED_LONG: [&str; 19] = [
     "chunksize",
     "mount-point",
     "file-contexts",
@@ -110,7 +108,8 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                 "ungzip" | "unxz" => {
                     bail!("mkfs.erofs: --{name}=FILE (dumping the raw stream) is not implemented by ferofs")
                 }
-                "force-uid" | "force-gid" | "exclude-path" | "exclude-regex" | "compress-hints" => {
+                "force-uid" | "force-gid" | "uid-offset" | "gid-offset" | "exclude-path"
+                | "exclude-regex" | "compress-hints" => {
                     let v = value()?;
                     out.push(format!("--{name}").into());
                     out.push(v.into());

@@ -20,6 +20,11 @@ fn tree(root: &Path) {
     std::fs::write(root.join("etc/.wh.gone"), b"").expect("write");
 }
 
+fn gid_of(p: &Path) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).expect("stat").gid()
+}
+
 /// A symlink `name` to the ferofs binary in `dir`.
 fn tool_symlink(dir: &Path, name: &str) -> std::path::PathBuf {
     let link = dir.join(name);
@@ -179,7 +184,7 @@ fn directory_command_lines_and_unimplemented_options() {
     // Unimplemented options fail, name the option, and leave no image.
     for opt in [
         "--file-contexts=/etc/selinux/x",
-        "--uid-offset=5",
+        "--chunksize=65536",
         "--gzinfo",
         "-x-1",
     ] {
@@ -236,6 +241,34 @@ fn mkfs_time_sets_the_build_time_only() {
         let st = json(&ok(&[&"stat", &"--json", &img, &"/etc/hostname"]));
         assert_eq!(st["mtime"].as_i64(), Some(file_mtime), "{args:?}: {st}");
         std::fs::remove_file(&img).expect("rm");
+    }
+    // --uid-offset / --gid-offset shift every owner, after --force-uid.
+    let img = d.path().join("o.erofs");
+    let out = Command::new(&mkfs)
+        .args([
+            "--quiet",
+            "--force-uid=7",
+            "--uid-offset=100000",
+            "--gid-offset",
+            "200000",
+        ])
+        .arg(&img)
+        .arg(&src)
+        .output()
+        .expect("run mkfs.erofs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for p in ["/", "/etc/hostname"] {
+        let st = json(&ok(&[&"stat", &"--json", &img, &p]));
+        assert_eq!(st["uid"].as_u64(), Some(100_007), "{st}");
+        assert_eq!(
+            st["gid"].as_u64(),
+            Some(200_000 + u64::from(gid_of(&src))),
+            "{st}"
+        );
     }
     // ferofs build's own spelling; --mkfs-time needs -T.
     let img = d.path().join("b.erofs");

@@ -257,8 +257,20 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
         }
     }
     for e in extended {
-        out.push("-E".into());
-        out.push(e.into());
+        // Accepted and left to ferofs: it always writes the xattr name filter and
+        // dedupes fragments as -E dedupe says (mkfs.erofs's fragdedupe modes only trade
+        // its build time for size).
+        let kept: Vec<&str> = e
+            .split(',')
+            .filter(|f| {
+                let name = f.trim_start_matches('^').split('=').next().unwrap_or("");
+                !matches!(name, "fragdedupe" | "xattr-name-filter")
+            })
+            .collect();
+        if kept.iter().any(|f| !f.is_empty()) {
+            out.push("-E".into());
+            out.push(kept.join(",").into());
+        }
     }
     // Without -T files keep their mtimes whatever --mkfs-time says.
     if mkfs_time && out.iter().any(|a| a == "-T") {
@@ -395,6 +407,46 @@ mod tests {
                 "out.img"
             ]
         );
+    }
+
+    #[test]
+    fn fragdedupe_and_xattr_name_filter_are_accepted_and_left_to_ferofs() {
+        assert_eq!(
+            t(&[
+                "-zlz4hc",
+                "-Eall-fragments,fragdedupe=inode",
+                "-E^fragdedupe",
+                "-Exattr-name-filter,dedupe",
+                "-E^xattr-name-filter",
+                "out.img",
+                "src"
+            ])
+            .expect("translate"),
+            [
+                "-z",
+                "lz4hc",
+                "-E",
+                "all-fragments",
+                "-E",
+                "dedupe",
+                "src",
+                "out.img"
+            ]
+        );
+    }
+
+    #[test]
+    fn mkfs_time_goes_with_t_and_the_later_time_option_wins() {
+        let has = |args: &[&str]| {
+            t(args)
+                .expect("translate")
+                .iter()
+                .any(|a| a == "--mkfs-time")
+        };
+        assert!(has(&["-T0", "--mkfs-time", "o", "s"]));
+        assert!(has(&["--all-time", "--mkfs-time", "-T", "5", "o", "s"]));
+        assert!(!has(&["--mkfs-time", "-T0", "--all-time", "o", "s"]));
+        assert!(!has(&["--mkfs-time", "o", "s"]));
     }
 
     #[test]

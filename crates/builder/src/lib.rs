@@ -130,6 +130,9 @@ pub fn build_from_erofs(source: &Path, output: &Path, opts: &BuildOptions) -> Re
 
 /// Stages 2 to 6: the image of `tree` at `output`.
 fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildReport> {
+    if o.hard_dereference {
+        scan::dereference_hardlinks(&mut tree);
+    }
     if o.fsverity_digests {
         fsverity::add_digests(&mut tree, o.worker_threads())?;
     }

@@ -28,6 +28,8 @@ pub struct BuildOptions {
     /// (mkfs.erofs's `--uid-offset`, `--gid-offset`: user-namespace id shifts).
     pub uid_offset: u32,
     pub gid_offset: u32,
+    /// `--hard-dereference`: hardlinked files become separate inodes, one per name.
+    pub hard_dereference: bool,
     /// Paths relative to the source root; a directory excludes its subtree.
     pub exclude_paths: Vec<PathBuf>,
     /// Matched against the path relative to the source root (no leading '/').
@@ -125,6 +127,7 @@ impl Default for BuildOptions {
             force_uid: None,
             uid_offset: 0,
             gid_offset: 0,
+            hard_dereference: false,
             force_gid: None,
             exclude_paths: Vec::new(),
             exclude_regex: Vec::new(),

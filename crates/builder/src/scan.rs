@@ -555,6 +555,40 @@ fn read_xattrs(path: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
     Ok(v)
 }
 
+/// `--hard-dereference`: every name of a hardlinked file gets an inode of its own (a
+/// copy of the node, with that name as its source-relative path); the first name met
+/// in a walk from the root, directories in entry order, keeps the original.
+pub fn dereference_hardlinks(tree: &mut Tree) {
+    let mut seen = vec![false; tree.nodes.len()];
+    let mut stack = vec![(tree.root, Vec::new())];
+    // Bounded: each directory is pushed once (directories have one parent).
+    while let Some((d, rel)) = stack.pop() {
+        let Kind::Dir { entries, .. } = &tree.nodes[d].kind else {
+            continue;
+        };
+        let entries = entries.clone();
+        let mut later = Vec::new();
+        for (i, (name, c)) in entries.iter().enumerate() {
+            let crel = child_rel(&rel, name);
+            if matches!(tree.nodes[*c].kind, Kind::Dir { .. }) {
+                later.push((*c, crel));
+            } else if std::mem::replace(&mut seen[*c], true) {
+                // A second or later name: a copy (the first name keeps the node).
+                let mut n = tree.nodes[*c].clone();
+                n.rel = crel;
+                tree.nodes.push(n);
+                let new = tree.nodes.len() - 1;
+                if let Kind::Dir { entries, .. } = &mut tree.nodes[d].kind {
+                    entries[i].1 = new;
+                }
+            }
+        }
+        // Subdirectories in entry order (the stack pops the last pushed first).
+        stack.extend(later.into_iter().rev());
+    }
+    fix_nlinks(tree);
+}
+
 /// nlink = number of names for non-directories, 2 + subdirectories for directories.
 pub fn fix_nlinks(tree: &mut Tree) {
     let mut counts = vec![0u32; tree.nodes.len()];
@@ -645,5 +679,39 @@ mod tests {
             let many = scan_dir(t.path(), &o).expect("scan");
             assert_eq!(format!("{one:?}"), format!("{many:?}"), "{threads} threads");
         }
+    }
+
+    #[test]
+    fn hard_dereference_gives_every_name_its_own_node() {
+        let t = tempfile::tempdir().expect("tempdir");
+        make(t.path(), 3);
+        let mut tree = scan_dir(t.path(), &BuildOptions::default()).expect("scan");
+        let before = tree.nodes.len();
+        dereference_hardlinks(&mut tree);
+        // Copies for d00/sub/f3.again, d01/sub/f3.again, d02/sub/f3.again,
+        // d01/f5.of0.1 and d02/f5.of0.2.
+        assert_eq!(tree.nodes.len(), before + 5);
+        let f5 = tree.lookup(b"d00/f5").expect("f5");
+        let copy = tree.lookup(b"d02/f5.of0.2").expect("copy");
+        assert_ne!(f5, copy);
+        assert!(copy >= before);
+        assert_eq!(tree.nodes[copy].rel, b"d02/f5.of0.2");
+        assert_eq!(tree.nodes[copy].mode, tree.nodes[f5].mode);
+        assert!(matches!(
+            tree.nodes[copy].kind,
+            Kind::File { size: 500, .. }
+        ));
+        for p in [
+            &b"d00/f5"[..],
+            b"d02/f5.of0.2",
+            b"d01/f3",
+            b"d01/sub/f3.again",
+        ] {
+            let id = tree.lookup(p).expect("lookup");
+            assert_eq!(tree.nodes[id].nlink, 1, "{}", String::from_utf8_lossy(p));
+        }
+        // Directories keep their counts.
+        let d00 = tree.lookup(b"d00").expect("d00");
+        assert_eq!(tree.nodes[d00].nlink, 4);
     }
 }

@@ -64,6 +64,9 @@ pub struct BuildArgs {
     /// Add N to every gid (after --all-root / --force-gid).
     #[arg(long, value_name = "N", default_value_t = 0)]
     gid_offset: u32,
+    /// Store every name of a hardlinked file as a file of its own.
+    #[arg(long)]
+    hard_dereference: bool,
     /// Leave out this path (relative to the source; repeatable).
     #[arg(long, value_name = "PATH")]
     exclude_path: Vec<PathBuf>,
@@ -290,6 +293,7 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
     o.force_gid = a.force_gid;
     o.uid_offset = a.uid_offset;
     o.gid_offset = a.gid_offset;
+    o.hard_dereference = a.hard_dereference;
     o.exclude_paths = a.exclude_path.clone();
     for r in &a.exclude_regex {
         o.exclude_regex

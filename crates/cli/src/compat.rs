@@ -12,7 +12,7 @@ use anyhow::{bail, Result};
 use std::ffi::OsString;
 
 /// mkfs.erofs options ferofs knows but does not implement (a clear error).
-const UNSUPPORTED_LONG: [&str; 19] = [
+const UNSUPPORTED_LONG: [&str; 18] = [
     "chunksize",
     "mount-point",
     "file-contexts",
@@ -20,7 +20,6 @@ const UNSUPPORTED_LONG: [&str; 19] = [
     "blobdev",
     "dsunit",
     "fsalignblks",
-    "hard-dereference",
     "incremental",
     "clean",
     "offset",
@@ -94,6 +93,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
             match name {
                 "quiet" => out.push("--quiet".into()),
                 "all-root" => out.push("--all-root".into()),
+                "hard-dereference" => out.push("--hard-dereference".into()),
                 "aufs" => out.push("--aufs".into()),
                 "ignore-mtime" => out.push("--ignore-mtime".into()),
                 // ferofs keeps each file's mtime by default, and -T sets all of them

@@ -284,6 +284,54 @@ fn mkfs_time_sets_the_build_time_only() {
     assert!(!out.status.success(), "--mkfs-time without -T accepted");
 }
 
+/// `--hard-dereference`: each name of a hardlinked file is a file of its own, same
+/// bytes and metadata, nlink 1; the kernel mount shows two inodes.
+#[test]
+fn hard_dereference_stores_each_name_as_its_own_file() {
+    let d = scratch("dropin-hard-dereference");
+    let src = d.path().join("src");
+    tree(&src);
+    std::fs::hard_link(src.join("etc/opt/big.txt"), src.join("etc/big.again")).expect("link");
+    let mkfs = tool_symlink(d.path(), "mkfs.erofs");
+    let img = d.path().join("h.erofs");
+    let out = Command::new(&mkfs)
+        .args(["--quiet", "-zlz4hc", "--hard-dereference"])
+        .arg(&img)
+        .arg(&src)
+        .output()
+        .expect("run mkfs.erofs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let a = json(&ok(&[&"stat", &"--json", &img, &"/etc/opt/big.txt"]));
+    let b = json(&ok(&[&"stat", &"--json", &img, &"/etc/big.again"]));
+    assert_ne!(a["nid"], b["nid"]);
+    for st in [&a, &b] {
+        assert_eq!(st["nlink"].as_u64(), Some(1), "{st}");
+        assert_eq!(st["size"], a["size"]);
+        assert_eq!(st["mode"], a["mode"]);
+    }
+    assert_eq!(
+        ok(&[&"cat", &img, &"/etc/big.again"]),
+        std::fs::read_to_string(src.join("etc/opt/big.txt")).expect("read")
+    );
+    ok(&[&"check", &img]);
+    if ferofs_testkit::kernel_available("hard_dereference_stores_each_name_as_its_own_file") {
+        use std::os::unix::fs::MetadataExt;
+        let m = ferofs_testkit::Mount::erofs(&img);
+        let x = std::fs::metadata(m.path().join("etc/opt/big.txt")).expect("stat");
+        let y = std::fs::metadata(m.path().join("etc/big.again")).expect("stat");
+        assert_ne!(x.ino(), y.ino());
+        assert_eq!((x.nlink(), y.nlink()), (1, 1));
+        assert_eq!(
+            std::fs::read(m.path().join("etc/big.again")).expect("read"),
+            std::fs::read(src.join("etc/opt/big.txt")).expect("read")
+        );
+    }
+}
+
 #[test]
 fn fsck_and_dump_command_lines() {
     let d = scratch("dropin-fsck");

@@ -12,7 +12,7 @@ use anyhow::{bail, Result};
 use std::ffi::OsString;
 
 /// mkfs.erofs options ferofs knows but does not implement (a clear error).
-const UNSUPPORTED_LONG: [&str; 18] = [
+const UNSUPPORTED_LONG: [&str; 16] = [
     "chunksize",
     "mount-point",
     "file-contexts",
@@ -21,10 +21,8 @@ const UNSUPPORTED_LONG: [&str; 18] = [
     "dsunit",
     "fsalignblks",
     "incremental",
-    "clean",
     "offset",
     "root-xattr-isize",
-    "async-queue-limit",
     "gzinfo",
     "vmdk-desc",
     "zD",
@@ -34,7 +32,8 @@ const UNSUPPORTED_LONG: [&str; 18] = [
 ];
 
 /// Long options whose value may be the next argument.
-const LONG_WITH_VALUE: [&str; 10] = [
+const LONG_WITH_VALUE: [&str; 11] = [
+    "async-queue-limit",
     "force-uid",
     "force-gid",
     "exclude-path",
@@ -94,6 +93,16 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                 "quiet" => out.push("--quiet".into()),
                 "all-root" => out.push("--all-root".into()),
                 "hard-dereference" => out.push("--hard-dereference".into()),
+                // A tuning knob of mkfs.erofs's job queue: ferofs bounds its own.
+                "async-queue-limit" => {
+                    value()?;
+                }
+                // A full build is all ferofs does (mkfs.erofs's default).
+                "clean" if matches!(inline.as_deref(), None | Some("data")) => {}
+                "clean" => bail!(
+                    "mkfs.erofs: --clean={}: only full builds (--clean or --clean=data) are implemented by ferofs",
+                    inline.as_deref().unwrap_or("")
+                ),
                 "aufs" => out.push("--aufs".into()),
                 "ignore-mtime" => out.push("--ignore-mtime".into()),
                 // ferofs keeps each file's mtime by default, and -T sets all of them
@@ -433,6 +442,26 @@ mod tests {
                 "out.img"
             ]
         );
+    }
+
+    #[test]
+    fn queue_limit_and_full_clean_builds_are_accepted() {
+        for args in [
+            &["--async-queue-limit=8", "o", "s"][..],
+            &["--async-queue-limit", "8", "o", "s"],
+            &["--clean", "o", "s"],
+            &["--clean=data", "o", "s"],
+        ] {
+            assert_eq!(
+                t(args).expect("translate"),
+                ["-z", "none", "s", "o"],
+                "{args:?}"
+            );
+        }
+        for args in [&["--clean=rvsp", "o", "s"][..], &["--clean=0", "o", "s"]] {
+            let e = t(args).expect_err("refused").to_string();
+            assert!(e.contains("--clean="), "{args:?}: {e}");
+        }
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::source::Image;
 use anyhow::Result;
 use clap::Args;
 use ferofs_format::dirent::{file_type_of_mode, FT_DIR};
-use ferofs_format::sb::INCOMPAT_FRAGMENTS;
+use ferofs_format::sb::{INCOMPAT_FRAGMENTS, INCOMPAT_METABOX};
 use ferofs_reader::{CorruptKind, Error, Inode, ReadCtx, Source};
 use rayon::prelude::*;
 use serde_json::{json, Value};
@@ -195,6 +195,9 @@ pub struct Summary {
     pub bytes_read: u64,
     pub ranges: u64,
     pub truncated: bool,
+    /// Inodes in the metabox with both inline and shared xattrs: valid, but Linux
+    /// 6.17-6.18 (and erofsfuse 1.9.3) can miss the shared ones (a stale buffer).
+    pub metabox_mixed_xattrs: u64,
 }
 
 /// An inode found by the walk, with every path that names it.
@@ -592,6 +595,18 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool, watch: &[(u64, u6
         summary.bytes_read += n;
     }
 
+    if img.superblock().has_incompat(INCOMPAT_METABOX) {
+        summary.metabox_mixed_xattrs = items
+            .iter()
+            .filter(|f| f.ino.nid & (1 << 63) != 0)
+            .filter(
+                |f| match (img.xattr_shared_ids(&f.ino), img.xattrs(&f.ino)) {
+                    (Ok(ids), Ok(all)) => !ids.is_empty() && all.len() > ids.len(),
+                    _ => false,
+                },
+            )
+            .count() as u64;
+    }
     let watched = owners(&ranges, &items, watch);
     // ---- Phase 3: no two inodes claim the same bytes (unless identical ranges).
     summary.ranges = ranges.len() as u64;
@@ -979,6 +994,7 @@ pub fn run(a: CheckArgs) -> Result<bool> {
                 "inodes": s.inodes,
                 "bytes_read": s.bytes_read,
                 "data_ranges": s.ranges,
+                "metabox_mixed_xattrs": s.metabox_mixed_xattrs,
                 "verity": verity.as_ref().map(|v| json!({
                     "root_hash": crate::fmt::hex(&v.root),
                     "hash_offset": v.hash_offset,
@@ -993,6 +1009,21 @@ pub fn run(a: CheckArgs) -> Result<bool> {
     } else {
         for p in &problems {
             writeln!(out, "{}", p.line())?;
+        }
+        if s.metabox_mixed_xattrs > 0 {
+            writeln!(
+                out,
+                "note: {} inode{} in the metabox {} inline and shared xattrs: valid, but Linux \
+                 6.17-6.18 and erofsfuse 1.9.3 can miss the shared ones (ferofs reads them; \
+                 `ferofs build IMAGE NEW` writes an image without such inodes)",
+                s.metabox_mixed_xattrs,
+                if s.metabox_mixed_xattrs == 1 { "" } else { "s" },
+                if s.metabox_mixed_xattrs == 1 {
+                    "has"
+                } else {
+                    "have"
+                },
+            )?;
         }
         let tree = verity.as_ref().map_or(String::new(), |v| {
             let bad = v.report.mismatches.len() as u64 + v.report.more;

@@ -183,6 +183,12 @@ fn metabox_inline_and_shared_xattrs_read_back_through_the_kernel() {
             Some(2),
             "-b {bs}: {st}"
         );
+        let report = json(&ok(&[&"check", &"--json", &img]));
+        assert_eq!(
+            report["summary"]["metabox_mixed_xattrs"].as_u64(),
+            Some(0),
+            "{report}"
+        );
         let st = json(&ok(&[&"stat", &"--json", &img, &"/only-shared"]));
         assert_eq!(
             st["xattr_shared_ids"],
@@ -191,6 +197,20 @@ fn metabox_inline_and_shared_xattrs_read_back_through_the_kernel() {
         );
         std::fs::remove_file(&img).expect("rm");
     }
+    // `check` points such inodes out in images mkfs.erofs made (one here: /a.txt).
+    let mkfs_img = workspace_root()
+        .join("crates/reader/tests/data/mkfs-lzma-metabox-inline-and-shared-xattrs.erofs");
+    let report = json(&ok(&[&"check", &"--json", &mkfs_img]));
+    assert_eq!(
+        report["summary"]["metabox_mixed_xattrs"].as_u64(),
+        Some(1),
+        "{report}"
+    );
+    let text = ok(&[&"check", &mkfs_img]);
+    assert!(
+        text.starts_with("note: 1 inode in the metabox has inline and shared xattrs"),
+        "{text}"
+    );
     let img = fs.path().join("plain.erofs");
     build(&tree, &img, &["-b", "1024", "-z", "lz4hc"]);
     let st = json(&ok(&[&"stat", &"--json", &img, &"/f0"]));

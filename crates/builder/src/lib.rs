@@ -133,6 +133,11 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     if o.hard_dereference {
         scan::dereference_hardlinks(&mut tree);
     }
+    if o.no_xattrs {
+        for n in &mut tree.nodes {
+            n.xattrs.clear();
+        }
+    }
     if o.fsverity_digests {
         fsverity::add_digests(&mut tree, o.worker_threads())?;
     }

@@ -30,6 +30,8 @@ pub struct BuildOptions {
     pub gid_offset: u32,
     /// `--hard-dereference`: hardlinked files become separate inodes, one per name.
     pub hard_dereference: bool,
+    /// `--no-xattrs`: the source's xattrs (ACLs included) are left out.
+    pub no_xattrs: bool,
     /// Paths relative to the source root; a directory excludes its subtree.
     pub exclude_paths: Vec<PathBuf>,
     /// Matched against the path relative to the source root (no leading '/').
@@ -128,6 +130,7 @@ impl Default for BuildOptions {
             uid_offset: 0,
             gid_offset: 0,
             hard_dereference: false,
+            no_xattrs: false,
             force_gid: None,
             exclude_paths: Vec::new(),
             exclude_regex: Vec::new(),

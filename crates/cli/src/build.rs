@@ -67,6 +67,9 @@ pub struct BuildArgs {
     /// Store every name of a hardlinked file as a file of its own.
     #[arg(long)]
     hard_dereference: bool,
+    /// Leave the source's xattrs out (ACLs and SELinux labels too).
+    #[arg(long)]
+    no_xattrs: bool,
     /// Leave out this path (relative to the source; repeatable).
     #[arg(long, value_name = "PATH")]
     exclude_path: Vec<PathBuf>,
@@ -294,6 +297,7 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
     o.uid_offset = a.uid_offset;
     o.gid_offset = a.gid_offset;
     o.hard_dereference = a.hard_dereference;
+    o.no_xattrs = a.no_xattrs;
     o.exclude_paths = a.exclude_path.clone();
     for r in &a.exclude_regex {
         o.exclude_regex

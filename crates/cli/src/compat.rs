@@ -207,11 +207,12 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                 }
                 'x' => {
                     let v = value()?;
+                    // -x# >= 0 is mkfs.erofs's xattr sharing tolerance (ferofs shares
+                    // an xattr more than two inodes carry); < 0 leaves xattrs out.
                     match v.trim().parse::<i64>() {
                         Ok(n) if n >= 0 => {}
-                        _ => bail!(
-                            "mkfs.erofs: -x{v}: disabling xattrs is not implemented by ferofs"
-                        ),
+                        Ok(_) => out.push("--no-xattrs".into()),
+                        Err(_) => bail!("mkfs.erofs: -x{v}: not a number"),
                     }
                 }
                 'h' => {
@@ -445,6 +446,19 @@ mod tests {
     }
 
     #[test]
+    fn negative_xattr_tolerance_leaves_xattrs_out() {
+        assert_eq!(
+            t(&["-x-1", "o", "s"]).expect("translate"),
+            ["--no-xattrs", "-z", "none", "s", "o"]
+        );
+        assert_eq!(
+            t(&["-x", "2", "o", "s"]).expect("translate"),
+            ["-z", "none", "s", "o"]
+        );
+        assert!(t(&["-xq", "o", "s"]).is_err());
+    }
+
+    #[test]
     fn queue_limit_and_full_clean_builds_are_accepted() {
         for args in [
             &["--async-queue-limit=8", "o", "s"][..],
@@ -529,7 +543,7 @@ mod tests {
         for (args, what) in [
             (&["--file-contexts=x", "o", "s"][..], "--file-contexts"),
             (&["--chunksize", "4096", "o", "s"][..], "--chunksize"),
-            (&["-x-1", "o", "s"][..], "-x-1"),
+            (&["--offset=4096", "o", "s"][..], "--offset"),
             (&["--tar=headerball", "o"][..], "--tar=headerball"),
             (&["--bogus", "o", "s"][..], "--bogus"),
             (&["-Q", "o", "s"][..], "-Q"),

@@ -186,7 +186,7 @@ fn directory_command_lines_and_unimplemented_options() {
         "--file-contexts=/etc/selinux/x",
         "--chunksize=65536",
         "--gzinfo",
-        "-x-1",
+        "--offset=4096",
     ] {
         let img = d.path().join("x.erofs");
         let out = Command::new(&mkfs)
@@ -318,6 +318,34 @@ fn hard_dereference_stores_each_name_as_its_own_file() {
         std::fs::read_to_string(src.join("etc/opt/big.txt")).expect("read")
     );
     ok(&[&"check", &img]);
+    // -x-1 (mkfs.erofs) / --no-xattrs: the source's xattrs stay out.
+    let st = Command::new("setfattr")
+        .args(["-n", "user.note", "-v", "kept?"])
+        .arg(src.join("etc/hostname"))
+        .status()
+        .expect("setfattr");
+    assert!(st.success());
+    for (args, want) in [(&["--quiet"][..], 1), (&["--quiet", "-x-1"], 0)] {
+        let x = d.path().join("x.erofs");
+        let out = Command::new(&mkfs)
+            .args(args)
+            .arg(&x)
+            .arg(&src)
+            .output()
+            .expect("run mkfs.erofs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let st = json(&ok(&[&"stat", &"--json", &x, &"/etc/hostname"]));
+        assert_eq!(
+            st["xattrs"].as_array().map(Vec::len),
+            Some(want),
+            "{args:?}: {st}"
+        );
+        std::fs::remove_file(&x).expect("rm");
+    }
     if ferofs_testkit::kernel_available("hard_dereference_stores_each_name_as_its_own_file") {
         use std::os::unix::fs::MetadataExt;
         let m = ferofs_testkit::Mount::erofs(&img);

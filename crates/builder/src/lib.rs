@@ -135,7 +135,10 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     }
     if o.no_xattrs {
         for n in &mut tree.nodes {
-            n.xattrs.clear();
+            // What --aufs made of `.wh..wh..opq` markers is the layer's structure, not
+            // a source xattr: it stays.
+            n.xattrs
+                .retain(|(k, _)| o.aufs && k.as_slice() == b"trusted.overlay.opaque");
         }
     }
     if o.fsverity_digests {

@@ -153,13 +153,17 @@ impl DataWriter<'_> {
             .map(|&(s, e)| (s / bs * bs, e.div_ceil(bs) * bs))
             .collect();
         // Chunk size: the power of two (>= one block) that minimises what is stored:
-        // 4 bytes of block map per chunk plus every chunk that holds any data.
+        // 4 bytes of block map per chunk plus every chunk that holds any data; with at
+        // most MAX_CHUNKS chunks (the map is built in memory).
         let rounded = size.div_ceil(bs) * bs;
         let max_rel = 31u32.min(62 - u32::from(bits));
         let mut best: Option<(u64, u32)> = None;
         for rel in 0..=max_rel {
             let cs = bs << rel;
             let nchunks = size.div_ceil(cs);
+            if nchunks > MAX_CHUNKS {
+                continue;
+            }
             let mut data_chunks = 0u64;
             let mut last: Option<u64> = None;
             for &(s, e) in &ext {
@@ -181,7 +185,22 @@ impl DataWriter<'_> {
                 break;
             }
         }
-        let rel = best.map_or(0, |(_, r)| r);
+        let data: u64 = ext.iter().map(|&(s, e)| e - s).sum();
+        let Some((_, rel)) =
+            best.filter(|&(cost, _)| cost <= MAX_SPARSE_STORED.max(data.saturating_mul(16)))
+        else {
+            // A file of holes so large that EROFS's chunk map (or the zeros its chunks
+            // would store around the data) does not fit sensible bounds: e.g. 512 PiB
+            // of hole around a few bytes, which a corrupt image or an XFS sparse file
+            // can claim.
+            return Err(BuildError::TooLarge(format!(
+                "{}: a sparse file of {size} bytes with {data} bytes of data: its chunk map \
+                 and stored chunks would take {} bytes (at most {MAX_CHUNKS} chunks, and at most \
+                 {MAX_SPARSE_STORED} bytes or 16 times the data)",
+                f.path().display(),
+                best.map_or(u64::MAX, |(c, _)| c)
+            )));
+        };
         let cs = bs << rel;
         let nchunks = size.div_ceil(cs);
         let mut map = Vec::with_capacity(usize::try_from(nchunks).unwrap_or(0));
@@ -221,6 +240,11 @@ impl DataWriter<'_> {
         }))
     }
 }
+
+/// Most chunks a chunk-based file may have (its map is held in memory: 64 MiB).
+const MAX_CHUNKS: u64 = 1 << 24;
+/// What a sparse file's chunk map and data chunks may store beyond 16 times its data.
+const MAX_SPARSE_STORED: u64 = 1 << 30;
 
 /// Data segments [start, end) of a file by SEEK_DATA/SEEK_HOLE, or None when the file
 /// has no hole (or the filesystem cannot tell).

@@ -343,6 +343,8 @@ impl FragHash {
 
 /// A file's rest goes to the packed inode uncompressed when the last pcluster's
 /// ratio says it compresses to less than 8/FRAG_GUESS_MARGIN of a pcluster.
+/// Files larger than this are checked for holes before their jobs are made.
+const HOLE_PROBE_MIN: u64 = 256 << 20;
 const FRAG_GUESS_MARGIN: usize = 9;
 
 /// Room of the LZ4 try for a rest that may fit one pcluster, in quarters of a
@@ -1335,10 +1337,20 @@ pub fn store_all(
     // as it is (one open a file instead of one more to look for holes first).
     // Files a hint stores uncompressed (`--sort-compress none`) have no jobs either.
     let policies: Vec<Policy> = files.iter().map(|f| policy(c, &f.rel)).collect();
+    // Big files are looked at for holes here, not by their jobs: a sparse file of
+    // terabytes would otherwise make millions of jobs (one a segment) before the first
+    // worker finds its holes.
+    let mut holey_big = vec![false; files.len()];
+    for (fi, f) in files.iter().enumerate() {
+        if !f.skip && f.size > HOLE_PROBE_MIN {
+            holey_big[fi] = f.src.open(f.size)?.segments().is_some();
+        }
+    }
     let no_jobs = |fi: usize, f: &FileReq| {
         f.skip
             || f.size == 0
             || policies[fi].uncompressed
+            || holey_big[fi]
             || (!c.ztailpacking && frag_of(f) == FragMode::None && f.size <= bs)
     };
     // What compressing each file and those after it costs, for the taper at the end.

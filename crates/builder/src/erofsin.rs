@@ -58,14 +58,18 @@ impl std::fmt::Debug for ErofsImage {
     }
 }
 
+/// A file's data segments when it has holes (None: no hole), or why its mapping
+/// cannot be read.
+type Mapped = Result<Option<Vec<(u64, u64)>>, String>;
+
 /// One regular file of a source image.
 #[derive(Debug)]
 pub struct ErofsFile {
     pub image: Arc<ErofsImage>,
     pub ino: Inode,
     /// Data segments `[start, end)` when the file has a hole (computed once, on
-    /// first use; None when the mapping cannot be read: the read then fails).
-    segs: OnceLock<Option<Vec<(u64, u64)>>>,
+    /// first use), or why the mapping cannot be read.
+    segs: OnceLock<Mapped>,
 }
 
 thread_local! {
@@ -117,9 +121,19 @@ impl ErofsFile {
 
     /// Data segments `[start, end)` when the file has a hole, else None.
     pub fn segments(&self) -> Option<Vec<(u64, u64)>> {
+        self.mapped().as_ref().ok().cloned().flatten()
+    }
+
+    /// Why the file's mapping cannot be read, if it cannot: `Source::open` fails with
+    /// it, before a byte is copied (a corrupt map at the end of a file claiming
+    /// gigabytes would otherwise be found after copying them).
+    pub fn mapping_error(&self) -> Option<String> {
+        self.mapped().as_ref().err().cloned()
+    }
+
+    fn mapped(&self) -> &Mapped {
         self.segs
-            .get_or_init(|| self.map_segments().ok().flatten())
-            .clone()
+            .get_or_init(|| self.map_segments().map_err(|e| e.to_string()))
     }
 
     fn map_segments(&self) -> ferofs_reader::Result<Option<Vec<(u64, u64)>>> {

@@ -78,6 +78,13 @@ impl Source {
             ));
         }
         let f = File::open(self.path()).map_err(io_err(self.path(), "data: open"))?;
+        if let Source::Erofs(e) = self {
+            if let Some(why) = e.mapping_error() {
+                return Err(io_err(self.path(), "data: read")(std::io::Error::other(
+                    why,
+                )));
+            }
+        }
         Ok(Reader { src: self, f, size })
     }
 }

@@ -63,3 +63,24 @@ pub fn assert_image_holds(img: &Path, tree: &Path, x: &Path, what: &str) {
     ferofs_testkit::assert_same_tree(tree, x);
     std::fs::remove_dir_all(x).expect("rm");
 }
+
+/// Set xattr `name` of `path` to `value` (setfattr, hex-encoded).
+#[allow(dead_code)]
+pub fn set_xattr(path: &Path, name: &str, value: &[u8]) {
+    let out = Command::new("setfattr")
+        .arg("-n")
+        .arg(name)
+        .arg("-v")
+        .arg(format!(
+            "0x{}",
+            value.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        ))
+        .arg(path)
+        .output()
+        .expect("run setfattr");
+    assert!(
+        out.status.success(),
+        "setfattr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

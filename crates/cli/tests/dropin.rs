@@ -25,6 +25,22 @@ fn gid_of(p: &Path) -> u32 {
     std::fs::metadata(p).expect("stat").gid()
 }
 
+/// Run the `mkfs.erofs` symlink `mkfs` with `args`, then IMAGE and SOURCE; it must
+/// succeed.
+fn mkfs_ok(mkfs: &Path, args: &[&str], img: &Path, src: &Path) {
+    let out = Command::new(mkfs)
+        .args(args)
+        .arg(img)
+        .arg(src)
+        .output()
+        .expect("run mkfs.erofs");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A symlink `name` to the ferofs binary in `dir`.
 fn tool_symlink(dir: &Path, name: &str) -> std::path::PathBuf {
     let link = dir.join(name);
@@ -224,18 +240,7 @@ fn mkfs_time_sets_the_build_time_only() {
         (&["-T1000"][..], 1000),
     ] {
         let img = d.path().join("t.erofs");
-        let out = Command::new(&mkfs)
-            .args(args)
-            .arg("--quiet")
-            .arg(&img)
-            .arg(&src)
-            .output()
-            .expect("run mkfs.erofs");
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        mkfs_ok(&mkfs, &[args, &["--quiet"]].concat(), &img, &src);
         let info = json(&ok(&[&"inspect", &"--json", &img]));
         assert_eq!(info["build_time"].as_i64(), Some(1000), "{args:?}: {info}");
         let st = json(&ok(&[&"stat", &"--json", &img, &"/etc/hostname"]));
@@ -244,23 +249,14 @@ fn mkfs_time_sets_the_build_time_only() {
     }
     // --uid-offset / --gid-offset shift every owner, after --force-uid.
     let img = d.path().join("o.erofs");
-    let out = Command::new(&mkfs)
-        .args([
-            "--quiet",
-            "--force-uid=7",
-            "--uid-offset=100000",
-            "--gid-offset",
-            "200000",
-        ])
-        .arg(&img)
-        .arg(&src)
-        .output()
-        .expect("run mkfs.erofs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let args = [
+        "--quiet",
+        "--force-uid=7",
+        "--uid-offset=100000",
+        "--gid-offset",
+        "200000",
+    ];
+    mkfs_ok(&mkfs, &args, &img, &src);
     for p in ["/", "/etc/hostname"] {
         let st = json(&ok(&[&"stat", &"--json", &img, &p]));
         assert_eq!(st["uid"].as_u64(), Some(100_007), "{st}");
@@ -294,16 +290,11 @@ fn hard_dereference_stores_each_name_as_its_own_file() {
     std::fs::hard_link(src.join("etc/opt/big.txt"), src.join("etc/big.again")).expect("link");
     let mkfs = tool_symlink(d.path(), "mkfs.erofs");
     let img = d.path().join("h.erofs");
-    let out = Command::new(&mkfs)
-        .args(["--quiet", "-zlz4hc", "--hard-dereference"])
-        .arg(&img)
-        .arg(&src)
-        .output()
-        .expect("run mkfs.erofs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    mkfs_ok(
+        &mkfs,
+        &["--quiet", "-zlz4hc", "--hard-dereference"],
+        &img,
+        &src,
     );
     let a = json(&ok(&[&"stat", &"--json", &img, &"/etc/opt/big.txt"]));
     let b = json(&ok(&[&"stat", &"--json", &img, &"/etc/big.again"]));
@@ -319,25 +310,10 @@ fn hard_dereference_stores_each_name_as_its_own_file() {
     );
     ok(&[&"check", &img]);
     // -x-1 (mkfs.erofs) / --no-xattrs: the source's xattrs stay out.
-    let st = Command::new("setfattr")
-        .args(["-n", "user.note", "-v", "kept?"])
-        .arg(src.join("etc/hostname"))
-        .status()
-        .expect("setfattr");
-    assert!(st.success());
+    set_xattr(&src.join("etc/hostname"), "user.note", b"kept?");
     for (args, want) in [(&["--quiet"][..], 1), (&["--quiet", "-x-1"], 0)] {
         let x = d.path().join("x.erofs");
-        let out = Command::new(&mkfs)
-            .args(args)
-            .arg(&x)
-            .arg(&src)
-            .output()
-            .expect("run mkfs.erofs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        mkfs_ok(&mkfs, args, &x, &src);
         let st = json(&ok(&[&"stat", &"--json", &x, &"/etc/hostname"]));
         assert_eq!(
             st["xattrs"].as_array().map(Vec::len),

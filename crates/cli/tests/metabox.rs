@@ -216,22 +216,3 @@ fn metabox_inline_and_shared_xattrs_read_back_through_the_kernel() {
     let st = json(&ok(&[&"stat", &"--json", &img, &"/f0"]));
     assert_eq!(st["xattr_shared_ids"], serde_json::json!([0]), "{st}");
 }
-
-fn set_xattr(path: &Path, name: &str, value: &[u8]) {
-    let out = std::process::Command::new("setfattr")
-        .arg("-n")
-        .arg(name)
-        .arg("-v")
-        .arg(format!(
-            "0x{}",
-            value.iter().map(|b| format!("{b:02x}")).collect::<String>()
-        ))
-        .arg(path)
-        .output()
-        .expect("run setfattr");
-    assert!(
-        out.status.success(),
-        "setfattr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}

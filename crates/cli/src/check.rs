@@ -15,7 +15,7 @@ use crate::source::Image;
 use anyhow::Result;
 use clap::Args;
 use ferofs_format::dirent::{file_type_of_mode, FT_DIR};
-use ferofs_format::sb::{INCOMPAT_FRAGMENTS, INCOMPAT_METABOX};
+use ferofs_format::sb::INCOMPAT_FRAGMENTS;
 use ferofs_reader::{CorruptKind, Error, Inode, ReadCtx, Source};
 use rayon::prelude::*;
 use serde_json::{json, Value};
@@ -213,7 +213,14 @@ type DataRange = (u64, u64, u64, bool);
 
 /// What one inode's check gives: problems, data byte ranges, the inode record's byte
 /// range (start, end, nid), bytes read.
-type InodeResult = (Vec<Problem>, Vec<DataRange>, Option<(u64, u64, u64)>, u64);
+/// The last: whether it is a metabox inode with inline and shared xattrs.
+type InodeResult = (
+    Vec<Problem>,
+    Vec<DataRange>,
+    Option<(u64, u64, u64)>,
+    u64,
+    bool,
+);
 
 /// Result of a whole check.
 pub struct Report {
@@ -588,25 +595,14 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool, watch: &[(u64, u6
         .collect();
     let mut ranges: Vec<DataRange> = Vec::new();
     let mut records: Vec<(u64, u64, u64)> = Vec::new();
-    for (p, r, rec, n) in results {
+    for (p, r, rec, n, mixed) in results {
         problems.extend(p);
         ranges.extend(r);
         records.extend(rec);
         summary.bytes_read += n;
+        summary.metabox_mixed_xattrs += u64::from(mixed);
     }
 
-    if img.superblock().has_incompat(INCOMPAT_METABOX) {
-        summary.metabox_mixed_xattrs = items
-            .iter()
-            .filter(|f| f.ino.nid & (1 << 63) != 0)
-            .filter(
-                |f| match (img.xattr_shared_ids(&f.ino), img.xattrs(&f.ino)) {
-                    (Ok(ids), Ok(all)) => !ids.is_empty() && all.len() > ids.len(),
-                    _ => false,
-                },
-            )
-            .count() as u64;
-    }
     let watched = owners(&ranges, &items, watch);
     // ---- Phase 3: no two inodes claim the same bytes (unless identical ranges).
     summary.ranges = ranges.len() as u64;
@@ -665,13 +661,20 @@ fn check_inode(
     let ino = &f.ino;
     let mut probs = Vec::new();
     let mut ranges = Vec::new();
-    if let Err(e) = img.xattrs(ino) {
-        probs.push(Problem::from_error(
+    let mut mixed = false;
+    match img.xattrs(ino) {
+        Err(e) => probs.push(Problem::from_error(
             &f.paths,
             ino.nid,
             &e,
             "xattrs unreadable",
-        ));
+        )),
+        // Shared ids are only worth reading for a metabox inode with xattrs.
+        Ok(all) if !all.is_empty() && ino.nid & (1 << 63) != 0 => {
+            let shared = img.xattr_shared_ids(ino).map_or(0, |ids| ids.len());
+            mixed = shared > 0 && all.len() > shared;
+        }
+        Ok(_) => {}
     }
     match img.extents(ino) {
         Ok(ext) => {
@@ -749,7 +752,7 @@ fn check_inode(
         }
     }
     let record = img.inode_record(ino).map(|(s, e)| (s, e, ino.nid));
-    (probs, ranges, record, read)
+    (probs, ranges, record, read, mixed)
 }
 
 /// Partial overlaps between byte ranges of different inodes, and between data and

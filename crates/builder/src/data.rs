@@ -19,8 +19,13 @@ pub enum FileData {
         nblocks: u64,
         tail: Vec<u8>,
     },
-    /// Chunk-based: chunk size = blksz << `chunk_rel`; block map (u32::MAX = hole).
-    Chunked { chunk_rel: u8, map: Vec<u32> },
+    /// Chunk-based: chunk size = blksz << `chunk_rel`; block map (u32::MAX = hole),
+    /// written as 8-byte chunk indexes when `indexes`.
+    Chunked {
+        chunk_rel: u8,
+        map: Vec<u32>,
+        indexes: bool,
+    },
 }
 
 /// Writes file data at increasing block numbers.
@@ -29,6 +34,8 @@ pub struct DataWriter<'a> {
     pub blkszbits: u8,
     pub next_blk: u64,
     pub buf: Vec<u8>,
+    /// `--chunksize`: every file goes through it (chunk-based, deduplicated).
+    pub chunks: Option<&'a mut crate::chunks::ChunkStore>,
 }
 
 const IO_CHUNK: usize = 1 << 20;
@@ -81,6 +88,16 @@ impl DataWriter<'_> {
             return Ok(FileData::Empty);
         }
         let f = src.open(size)?;
+        if let Some(cs) = self.chunks.as_deref_mut() {
+            return cs.store(
+                self.out,
+                self.blkszbits,
+                &mut self.next_blk,
+                &f,
+                size,
+                inline_tail,
+            );
+        }
         let path = f.path();
         let bs = self.blksz();
         if let Some(segs) = f.segments() {
@@ -152,55 +169,8 @@ impl DataWriter<'_> {
             .iter()
             .map(|&(s, e)| (s / bs * bs, e.div_ceil(bs) * bs))
             .collect();
-        // Chunk size: the power of two (>= one block) that minimises what is stored:
-        // 4 bytes of block map per chunk plus every chunk that holds any data; with at
-        // most MAX_CHUNKS chunks (the map is built in memory).
         let rounded = size.div_ceil(bs) * bs;
-        let max_rel = 31u32.min(62 - u32::from(bits));
-        let mut best: Option<(u64, u32)> = None;
-        for rel in 0..=max_rel {
-            let cs = bs << rel;
-            let nchunks = size.div_ceil(cs);
-            if nchunks > MAX_CHUNKS {
-                continue;
-            }
-            let mut data_chunks = 0u64;
-            let mut last: Option<u64> = None;
-            for &(s, e) in &ext {
-                let (a, b) = (s / cs, (e - 1) / cs);
-                let a = match last {
-                    Some(l) if l >= a => l + 1,
-                    _ => a,
-                };
-                if b >= a {
-                    data_chunks += b - a + 1;
-                }
-                last = Some(last.map_or(b, |l| l.max(b)));
-            }
-            let cost = nchunks * 4 + data_chunks * cs;
-            if best.is_none_or(|(c, _)| cost < c) {
-                best = Some((cost, rel));
-            }
-            if cs >= rounded {
-                break;
-            }
-        }
-        let data: u64 = ext.iter().map(|&(s, e)| e - s).sum();
-        let Some((_, rel)) =
-            best.filter(|&(cost, _)| cost <= MAX_SPARSE_STORED.max(data.saturating_mul(16)))
-        else {
-            // A file of holes so large that EROFS's chunk map (or the zeros its chunks
-            // would store around the data) does not fit sensible bounds: e.g. 512 PiB
-            // of hole around a few bytes, which a corrupt image or an XFS sparse file
-            // can claim.
-            return Err(BuildError::TooLarge(format!(
-                "{}: a sparse file of {size} bytes with {data} bytes of data: its chunk map \
-                 and stored chunks would take {} bytes (at most {MAX_CHUNKS} chunks, and at most \
-                 {MAX_SPARSE_STORED} bytes or 16 times the data)",
-                f.path().display(),
-                best.map_or(u64::MAX, |(c, _)| c)
-            )));
-        };
+        let rel = sparse_chunk_rel(&ext, size, bits, f.path())?;
         let cs = bs << rel;
         let nchunks = size.div_ceil(cs);
         let mut map = Vec::with_capacity(usize::try_from(nchunks).unwrap_or(0));
@@ -237,7 +207,74 @@ impl DataWriter<'_> {
         Ok(Some(FileData::Chunked {
             chunk_rel: rel as u8,
             map,
+            indexes: false,
         }))
+    }
+}
+
+/// The chunk size for a sparse file with block-aligned data extents `ext`: the power
+/// of two (`blksz << rel`, at least one block) that minimises what is stored, 4 bytes
+/// of block map per chunk plus every chunk that holds any data, with at most
+/// MAX_CHUNKS chunks (the map is built in memory). Returns (bytes stored, rel).
+pub(crate) fn best_sparse_chunk(ext: &[(u64, u64)], size: u64, bits: u8) -> Option<(u64, u32)> {
+    let bs = 1u64 << bits;
+    let rounded = size.div_ceil(bs) * bs;
+    let max_rel = 31u32.min(62 - u32::from(bits));
+    let mut best: Option<(u64, u32)> = None;
+    for rel in 0..=max_rel {
+        let cs = bs << rel;
+        let nchunks = size.div_ceil(cs);
+        if nchunks > MAX_CHUNKS {
+            continue;
+        }
+        let mut data_chunks = 0u64;
+        let mut last: Option<u64> = None;
+        for &(s, e) in ext {
+            let (a, b) = (s / cs, (e - 1) / cs);
+            let a = match last {
+                Some(l) if l >= a => l + 1,
+                _ => a,
+            };
+            if b >= a {
+                data_chunks += b - a + 1;
+            }
+            last = Some(last.map_or(b, |l| l.max(b)));
+        }
+        let cost = nchunks * 4 + data_chunks * cs;
+        if best.is_none_or(|(c, _)| cost < c) {
+            best = Some((cost, rel));
+        }
+        if cs >= rounded {
+            break;
+        }
+    }
+    best
+}
+
+/// [`best_sparse_chunk`] for a file, or an error naming it when even that stores more
+/// than sensible bounds: at most MAX_CHUNKS chunks, and at most MAX_SPARSE_STORED bytes
+/// or 16 times the data.
+pub(crate) fn sparse_chunk_rel(
+    ext: &[(u64, u64)],
+    size: u64,
+    bits: u8,
+    path: &std::path::Path,
+) -> Result<u32> {
+    let best = best_sparse_chunk(ext, size, bits);
+    let data: u64 = ext.iter().map(|&(s, e)| e - s).sum();
+    match best.filter(|&(cost, _)| cost <= MAX_SPARSE_STORED.max(data.saturating_mul(16))) {
+        Some((_, rel)) => Ok(rel),
+        // A file of holes so large that EROFS's chunk map (or the zeros its chunks
+        // would store around the data) does not fit sensible bounds: e.g. 512 PiB of
+        // hole around a few bytes, which a corrupt image or an XFS sparse file can
+        // claim.
+        None => Err(BuildError::TooLarge(format!(
+            "{}: a sparse file of {size} bytes with {data} bytes of data: its chunk map \
+             and stored chunks would take {} bytes (at most {MAX_CHUNKS} chunks, and at most \
+             {MAX_SPARSE_STORED} bytes or 16 times the data)",
+            path.display(),
+            best.map_or(u64::MAX, |(c, _)| c)
+        ))),
     }
 }
 

@@ -13,8 +13,14 @@ pub enum Layout {
         startblk: Option<u64>,
         tail: Vec<u8>,
     },
-    /// CHUNK_BASED: chunk size = block size << `chunk_rel`, block map (u32::MAX = hole).
-    Chunked { chunk_rel: u8, map: Vec<u32> },
+    /// CHUNK_BASED: chunk size = block size << `chunk_rel`, block map (u32::MAX = hole),
+    /// or the same start blocks as 8-byte chunk indexes on the primary device
+    /// (`indexes`).
+    Chunked {
+        chunk_rel: u8,
+        map: Vec<u32>,
+        indexes: bool,
+    },
     /// CHUNK_BASED with 8-byte chunk indexes: `count` chunks of block size <<
     /// `chunk_rel`, contiguous from block `blkaddr` of extra device `device` (tar index
     /// mode: the data stays in the tar).
@@ -78,7 +84,15 @@ impl From<FileData> for Layout {
                 tail,
             },
             FileData::Flat { startblk, .. } => Layout::Plain { startblk },
-            FileData::Chunked { chunk_rel, map } => Layout::Chunked { chunk_rel, map },
+            FileData::Chunked {
+                chunk_rel,
+                map,
+                indexes,
+            } => Layout::Chunked {
+                chunk_rel,
+                map,
+                indexes,
+            },
         }
     }
 }

@@ -35,6 +35,7 @@
 #![forbid(unsafe_code)]
 
 mod blobs;
+pub mod chunks;
 pub mod cleanup;
 pub mod data;
 mod dedupe;
@@ -64,7 +65,10 @@ mod write;
 pub mod xattrs;
 pub mod zdata;
 
-pub use options::{BuildError, BuildOptions, BuildReport, Fragments, UuidChoice, VerityOptions};
+pub use options::{
+    BuildError, BuildOptions, BuildReport, ChunkOptions, Fragments, InodeVersion, UuidChoice,
+    VerityOptions,
+};
 pub use progress::Progress;
 pub use tarball::TarInput;
 pub use zdata::{parse_hints, Compression, Hint};

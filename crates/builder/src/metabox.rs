@@ -154,6 +154,7 @@ pub fn build(
                 blkszbits: plan.bits,
                 next_blk: mb_blk,
                 buf: Vec::new(),
+                chunks: None,
             };
             let d = dw.store_bytes(&data, inline_tail)?;
             (d.into(), dw.next_blk)

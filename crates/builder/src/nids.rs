@@ -139,6 +139,9 @@ pub fn record(plan: &Plan, id: InodeId, layout: &Layout) -> Record {
         Layout::Fragment { .. } => Shape::Fixed(base.div_ceil(8) * 8 + 16),
         Layout::Compressed(z) => zmap(plan, id, z).1,
         Layout::Inline { tail, .. } => Shape::Fixed(base + tail.len() as u64),
+        Layout::Chunked {
+            map, indexes: true, ..
+        } => Shape::Fixed(base.div_ceil(8) * 8 + 8 * map.len() as u64),
         Layout::Chunked { map, .. } => Shape::Fixed(base.div_ceil(4) * 4 + 4 * map.len() as u64),
         Layout::ChunkIndex { count, .. } => {
             Shape::Fixed(base.div_ceil(8) * 8 + 8 * u64::from(*count))

@@ -98,6 +98,37 @@ pub struct BuildOptions {
     /// `--fsverity-digests`: each regular file's fs-verity digest in a
     /// `trusted.overlay.metacopy` xattr (see `fsverity`).
     pub fsverity_digests: bool,
+    /// `-E force-inode-compact|extended`: one inode core for every inode.
+    pub inode_version: InodeVersion,
+    /// The superblock checksum (`-E nosbcrc` turns it off, as mkfs.erofs's does).
+    pub sb_checksum: bool,
+    /// `--chunksize`: files stored uncompressed are chunk-based, their chunks
+    /// deduplicated (see `chunks`).
+    pub chunks: Option<ChunkOptions>,
+}
+
+/// Which inode core every inode gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum InodeVersion {
+    /// Compact (32 bytes) when every value fits, else extended (64 bytes).
+    #[default]
+    Auto,
+    /// Compact for all; a file whose values do not fit is an error naming it.
+    Compact,
+    /// Extended for all.
+    Extended,
+}
+
+/// `--chunksize`: how files stored uncompressed are cut into chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkOptions {
+    /// log2 of the chunk size in bytes: at least the block size's.
+    pub bits: u8,
+    /// 8-byte chunk indexes instead of 4-byte block map entries
+    /// (`-E force-chunk-indexes`).
+    pub indexes: bool,
+    /// Identical chunks stored once (on unless `-E ^dedupe` says otherwise).
+    pub dedupe: bool,
 }
 
 /// `--verity`: sha256, 4096-byte data and hash blocks, the superblock written.
@@ -158,6 +189,9 @@ impl Default for BuildOptions {
             tar_index: false,
             verity: None,
             fsverity_digests: false,
+            inode_version: InodeVersion::Auto,
+            sb_checksum: true,
+            chunks: None,
         }
     }
 }

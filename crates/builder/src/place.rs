@@ -226,11 +226,13 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
             }
         }
     } else {
+        let mut chunks = o.chunks.map(crate::chunks::ChunkStore::new);
         let mut dw = DataWriter {
             out,
             blkszbits: plan.bits,
             next_blk: plan.first_blk,
             buf: Vec::new(),
+            chunks: chunks.as_mut(),
         };
         for (k, &(id, _, src, size)) in files.iter().enumerate() {
             if dup_of[k].is_none() {
@@ -239,6 +241,7 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
             progress.add_done(size);
         }
         placed.end_blk = dw.next_blk;
+        placed.dedupe_saved += chunks.map_or(0, |c| c.deduped);
     }
     // Duplicates share the data of the file they copy (an earlier one: already placed).
     for (k, d) in dup_of.iter().enumerate() {

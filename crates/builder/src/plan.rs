@@ -210,7 +210,8 @@ pub fn plan(tree: &Tree, build_time: i64, o: &BuildOptions) -> Result<Plan> {
                 Kind::File { size, .. } => *size,
                 _ => 0,
             };
-            size > u64::from(u32::MAX)
+            o.inode_version == InodeVersion::Extended
+                || size > u64::from(u32::MAX)
                 || nd.uid > 0xFFFF
                 || nd.gid > 0xFFFF
                 || nd.nlink > 0xFFFF
@@ -218,6 +219,20 @@ pub fn plan(tree: &Tree, build_time: i64, o: &BuildOptions) -> Result<Plan> {
                 || nd.mtime_nsec != 0
         })
         .collect();
+    if o.inode_version == InodeVersion::Compact {
+        if let Some(id) = extended.iter().position(|&e| e) {
+            let nd = &tree.nodes[id];
+            return Err(BuildError::Invalid {
+                path: match nd.rel.is_empty() {
+                    true => ".".into(),
+                    false => std::ffi::OsStr::from_bytes(&nd.rel).into(),
+                },
+                what: "cannot be stored in a compact inode (-E force-inode-compact): it needs \
+                       a size past 4 GiB, an id or link count past 65535, or its own mtime"
+                    .into(),
+            });
+        }
+    }
     for (id, area) in xattrs.ibody.iter().enumerate() {
         if xattr_icount_for(area.len()).is_none() {
             return Err(BuildError::Invalid {

@@ -33,7 +33,17 @@ pub fn encode(
             DataLayout::FlatInline,
             startblk.unwrap_or(u64::from(u32::MAX)),
         ),
-        Layout::Chunked { chunk_rel, .. } => (DataLayout::ChunkBased, u64::from(*chunk_rel)),
+        Layout::Chunked {
+            chunk_rel, indexes, ..
+        } => (
+            DataLayout::ChunkBased,
+            u64::from(*chunk_rel)
+                | if *indexes {
+                    u64::from(ferofs_format::chunk::CHUNK_FORMAT_INDEXES)
+                } else {
+                    0
+                },
+        ),
         Layout::ChunkIndex { chunk_rel, .. } => (
             DataLayout::ChunkBased,
             u64::from(*chunk_rel) | u64::from(ferofs_format::chunk::CHUNK_FORMAT_INDEXES),
@@ -84,6 +94,22 @@ pub fn encode(
     rec.extend_from_slice(area);
     match (layout, mapping) {
         (Layout::Inline { tail, .. }, _) => rec.extend_from_slice(tail),
+        (
+            Layout::Chunked {
+                map, indexes: true, ..
+            },
+            _,
+        ) => {
+            rec.resize(rec.len().div_ceil(8) * 8, 0);
+            for &m in map {
+                let e = ferofs_format::chunk::ChunkIndex {
+                    startblk_hi: 0,
+                    device_id: 0,
+                    startblk_lo: m,
+                };
+                rec.extend_from_slice(&e.encode());
+            }
+        }
         (Layout::Chunked { map, .. }, _) => {
             rec.resize(rec.len().div_ceil(4) * 4, 0);
             for m in map {

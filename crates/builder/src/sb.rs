@@ -285,9 +285,11 @@ pub fn seal_block0(block0: &mut [u8], sb: &Superblock, cfg: &ComprCfg, with_cfg:
         slot[74..76].copy_from_slice(&((uniaddr >> 32) as u16).to_le_bytes());
         uniaddr += blocks;
     }
-    let clen = checksum_len(1u32 << sb.blkszbits);
-    let csum = compute_checksum(&block0[sbo..sbo + clen]);
-    block0[sbo + 4..sbo + 8].copy_from_slice(&csum.to_le_bytes());
+    if sb.feature_compat & COMPAT_SB_CHKSUM != 0 {
+        let clen = checksum_len(1u32 << sb.blkszbits);
+        let csum = compute_checksum(&block0[sbo..sbo + clen]);
+        block0[sbo + 4..sbo + 8].copy_from_slice(&csum.to_le_bytes());
+    }
 }
 
 fn set_v4(mut u: [u8; 16]) -> [u8; 16] {

@@ -115,6 +115,9 @@ pub fn finish(
 ) -> Result<Written> {
     let total_blocks = fields.total_blocks;
     let mut sb = sb::superblock(fields, &plan.cfg, o.label.as_deref())?;
+    if !o.sb_checksum {
+        sb.feature_compat &= !ferofs_format::sb::COMPAT_SB_CHKSUM;
+    }
     sb.uuid = sb::uuid(o.uuid, &out, &sb)?;
     sb::seal_block0(
         &mut block0,

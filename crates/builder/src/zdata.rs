@@ -1826,6 +1826,7 @@ fn store_raw(
         blkszbits: bits,
         next_blk: *next_blk,
         buf: Vec::new(),
+        chunks: None,
     };
     let d = match raw {
         Some(bytes) if bytes.len() as u64 == f.size => dw.store_bytes(bytes, f.inline_tail)?,

@@ -4,8 +4,8 @@ use crate::report::{peak_rss_bytes, ProgressView, Summary};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use ferofs_builder::{
-    parse_hints, BuildOptions, Compression, Fragments, Hint, Progress, TarInput, UuidChoice,
-    VerityOptions,
+    parse_hints, BuildOptions, ChunkOptions, Compression, Fragments, Hint, InodeVersion, Progress,
+    TarInput, UuidChoice, VerityOptions,
 };
 use ferofs_compress::CompressorSpec;
 use std::io::IsTerminal;
@@ -105,6 +105,14 @@ pub struct BuildArgs {
     /// Physical cluster size in bytes: one block (default) up to 1 MiB.
     #[arg(short = 'C', long = "pcluster-size", value_name = "BYTES")]
     pcluster_size: Option<u32>,
+    /// Files stored uncompressed (every file with `-z none`) become chunk-based with
+    /// chunks of BYTES (a power of two, at least the block size): identical chunks are
+    /// stored once (`-E ^dedupe`: not), chunks of zeros and holes take no space, and
+    /// runs of chunks stored one after another merge into bigger chunks, as mkfs.erofs's
+    /// `--chunksize`. `-E force-chunk-indexes`: 8-byte chunk indexes instead of 4-byte
+    /// block map entries.
+    #[arg(long, value_name = "BYTES")]
+    chunksize: Option<u32>,
     /// Per-file compression policy file (mkfs.erofs format: `PCLUSTER [ALG_INDEX] REGEX`).
     #[arg(long, value_name = "FILE")]
     compress_hints: Option<PathBuf>,
@@ -331,6 +339,33 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
     o.fragments = ext.fragments;
     o.layout48 = ext.layout48;
     o.dot_omitted = ext.dot_omitted;
+    o.inode_version = ext.inode_version;
+    if ext.inode_version == InodeVersion::Compact {
+        // A compact inode has no mtime of its own (outside the 48-bit layout): as
+        // mkfs.erofs, the option implies --ignore-mtime.
+        o.ignore_mtime = true;
+    }
+    o.sb_checksum = ext.sb_checksum;
+    if let Some(cs) = a.chunksize {
+        if a.tar_index {
+            bail!(
+                "--chunksize and --tar-index: a tar index points into the tar, it stores no chunks"
+            );
+        }
+        if !cs.is_power_of_two() || cs < block_size || u64::from(cs) > u64::from(block_size) << 31 {
+            bail!(
+                "--chunksize {cs}: a power of two from the block size ({block_size}) up to \
+                 2^31 blocks"
+            );
+        }
+        o.chunks = Some(ChunkOptions {
+            bits: cs.trailing_zeros() as u8,
+            indexes: ext.chunk_indexes,
+            dedupe: ext.dedupe_given != Some(false),
+        });
+    } else if ext.chunk_indexes {
+        bail!("-E force-chunk-indexes needs --chunksize");
+    }
     if let Some(s) = &a.sort {
         o.sort = read_sort_list(s)?;
     }
@@ -383,6 +418,12 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
                 ),
             };
             sort_hint(&mut c, spec, &o.sort)?;
+        }
+        if o.chunks.is_some() {
+            bail!(
+                "--chunksize applies to uncompressed images (-z none): in a compressed image \
+                 identical data is shared with -E dedupe"
+            );
         }
         o.compression = Some(c);
     } else if a.pcluster_size.is_some()
@@ -547,6 +588,12 @@ pub struct Extended {
     pub dedupe: bool,
     pub layout48: bool,
     pub dot_omitted: bool,
+    /// `dedupe` as given: Some(false) for an explicit `^dedupe`.
+    pub dedupe_given: Option<bool>,
+    pub inode_version: InodeVersion,
+    pub sb_checksum: bool,
+    /// `force-chunk-indexes` (true) or `force-inode-blockmap` (false), for --chunksize.
+    pub chunk_indexes: bool,
 }
 
 /// Parse every `-E` argument in order: comma-separated options, `^` (or `no` for
@@ -559,6 +606,10 @@ pub fn parse_extended(args: &[String]) -> Result<Extended> {
         dedupe: false,
         layout48: false,
         dot_omitted: false,
+        dedupe_given: None,
+        inode_version: InodeVersion::Auto,
+        sb_checksum: true,
+        chunk_indexes: false,
     };
     for opt in args.iter().flat_map(|a| a.split(',')) {
         let (neg, body) = match opt.strip_prefix('^') {
@@ -590,8 +641,17 @@ pub fn parse_extended(args: &[String]) -> Result<Extended> {
             "inline_data" => e.inline_data = !neg,
             "noinline_data" if !neg => e.inline_data = false,
             "ztailpacking" => e.ztailpacking = !neg,
-            "dedupe" => e.dedupe = !neg,
+            "dedupe" => {
+                e.dedupe = !neg;
+                e.dedupe_given = Some(!neg);
+            }
             "48bit" => e.layout48 = !neg,
+            // As mkfs.erofs: the last one given wins, and `^` of either is no option.
+            "force-inode-compact" if !neg => e.inode_version = InodeVersion::Compact,
+            "force-inode-extended" if !neg => e.inode_version = InodeVersion::Extended,
+            "nosbcrc" => e.sb_checksum = neg,
+            "force-chunk-indexes" if !neg => e.chunk_indexes = true,
+            "force-inode-blockmap" if !neg => e.chunk_indexes = false,
             "dot-omitted" => e.dot_omitted = !neg,
             "fragments" if neg => {
                 if matches!(e.fragments, Fragments::Tails { .. }) {
@@ -623,7 +683,8 @@ pub fn parse_extended(args: &[String]) -> Result<Extended> {
             _ => bail!(
                 "-E: unknown extended option {opt:?} (known: ztailpacking, fragments[=BYTES], \
                  all-fragments[=BYTES], dedupe, 48bit, dot-omitted, inline_data, noinline_data, \
-                 smallest; ^ negates)"
+                 force-inode-compact, force-inode-extended, nosbcrc, force-chunk-indexes, \
+                 force-inode-blockmap, smallest; ^ negates)"
             ),
         }
     }

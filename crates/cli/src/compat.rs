@@ -12,8 +12,7 @@ use anyhow::{bail, Result};
 use std::ffi::OsString;
 
 /// mkfs.erofs options ferofs knows but does not implement (a clear error).
-const UNSUPPORTED_LONG: [&str; 16] = [
-    "chunksize",
+const UNSUPPORTED_LONG: [&str; 15] = [
     "mount-point",
     "file-contexts",
     "max-extent-bytes",
@@ -118,7 +117,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                     bail!("mkfs.erofs: --{name}=FILE (dumping the raw stream) is not implemented by ferofs")
                 }
                 "force-uid" | "force-gid" | "uid-offset" | "gid-offset" | "exclude-path"
-                | "exclude-regex" | "compress-hints" => {
+                | "exclude-regex" | "compress-hints" | "chunksize" => {
                     let v = value()?;
                     out.push(format!("--{name}").into());
                     out.push(v.into());
@@ -539,10 +538,40 @@ mod tests {
     }
 
     #[test]
+    fn chunksize_and_inode_options_pass_through() {
+        assert_eq!(
+            t(&[
+                "--chunksize=8192",
+                "-Eforce-chunk-indexes,force-inode-extended",
+                "-E",
+                "nosbcrc",
+                "o",
+                "s"
+            ])
+            .expect("translate"),
+            [
+                "--chunksize",
+                "8192",
+                "-z",
+                "none",
+                "-E",
+                "force-chunk-indexes,force-inode-extended",
+                "-E",
+                "nosbcrc",
+                "s",
+                "o"
+            ]
+        );
+    }
+
+    #[test]
     fn unimplemented_options_are_named() {
         for (args, what) in [
             (&["--file-contexts=x", "o", "s"][..], "--file-contexts"),
-            (&["--chunksize", "4096", "o", "s"][..], "--chunksize"),
+            (
+                &["--max-extent-bytes", "4096", "o", "s"][..],
+                "--max-extent-bytes",
+            ),
             (&["--offset=4096", "o", "s"][..], "--offset"),
             (&["--tar=headerball", "o"][..], "--tar=headerball"),
             (&["--bogus", "o", "s"][..], "--bogus"),

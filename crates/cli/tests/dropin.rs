@@ -200,7 +200,7 @@ fn directory_command_lines_and_unimplemented_options() {
     // Unimplemented options fail, name the option, and leave no image.
     for opt in [
         "--file-contexts=/etc/selinux/x",
-        "--chunksize=65536",
+        "--mount-point=/system",
         "--gzinfo",
         "--offset=4096",
     ] {

@@ -27,7 +27,9 @@
 //!   hardlink: index among the non-directories so far
 //! ```
 
-use ferofs_builder::{BuildOptions, Compression, Fragments, Hint, TarInput};
+use ferofs_builder::{
+    BuildOptions, ChunkOptions, Compression, Fragments, Hint, InodeVersion, TarInput,
+};
 use ferofs_compress::CompressorSpec;
 use ferofs_format::inode::*;
 use ferofs_reader::{Image, ReadCtx};
@@ -310,8 +312,21 @@ fn spec_options(r: &mut In) -> BuildOptions {
             pcluster_size: pcluster2,
         },
     };
+    // Uncompressed images: chunk-based files (`--chunksize`) half the time.
+    let chunks = (compression.is_none() && bsize & 128 != 0).then(|| ChunkOptions {
+        bits: block_size.trailing_zeros() as u8 + alg2 % 4,
+        indexes: bsize & 64 != 0,
+        dedupe: alg2 & 0x40 == 0,
+    });
     BuildOptions {
         block_size,
+        chunks,
+        inode_version: if bsize & 4 != 0 {
+            InodeVersion::Extended
+        } else {
+            InodeVersion::Auto
+        },
+        sb_checksum: bsize & 8 == 0,
         compression,
         fragments,
         dedupe: flags & 2 != 0,

@@ -1,8 +1,8 @@
 //! `--chunksize` (for stage 3, `place`, uncompressed images): every regular file is
 //! chunk-based. Its data is cut into chunks of the given size; a chunk that holds only
 //! holes or zeros is stored as a hole (no blocks), and a chunk equal to one stored
-//! before (same length, same xxh3-128, then the same bytes, compared with what the
-//! image holds) points at that one instead of being written again. Then runs of chunks
+//! before (same xxh3-64 of length and bytes, then the same bytes, compared with what
+//! the image holds) points at that one instead of being written again. Then runs of chunks
 //! that lie one after another on disk (or are all holes) merge into bigger chunks, so
 //! a file stored in one piece takes one chunk entry, not one per chunk. Files are
 //! stored in inode order, one at a time: the image does not depend on the thread count.
@@ -14,8 +14,8 @@ use crate::source::Reader;
 use rustc_hash::FxHashMap as HashMap;
 use xxhash_rust::xxh3::Xxh3;
 
-/// Most chunks remembered for dedupe (about 32 bytes each: 64 MiB). Past it, new
-/// chunks are still stored, only not offered to later files.
+/// Most chunks remembered for dedupe (16 bytes each and the table's overhead: about
+/// 40 MiB). Past it, new chunks are still stored, only not offered to later files.
 const MAX_REMEMBERED: usize = 1 << 21;
 /// Most chunks one file may have: the chunk size grows for a file that would have more
 /// (its map is built in memory; 2^24 entries take 64 MiB).
@@ -40,8 +40,9 @@ enum Chunk {
 /// The chunks of one build.
 pub struct ChunkStore {
     opts: ChunkOptions,
-    /// (hash, length) of a stored chunk -> its first block.
-    seen: HashMap<(u128, u64), u32>,
+    /// Hash of a stored chunk's length and bytes -> its first block. (A hash match is
+    /// only a candidate: the bytes are compared.)
+    seen: HashMap<u64, u32>,
     buf: Vec<u8>,
     cmp: Vec<u8>,
     /// Bytes of chunks that point at a chunk stored before.
@@ -183,16 +184,8 @@ impl ChunkStore {
     ) -> Result<Chunk> {
         let path = f.path();
         let read = |buf: &mut [u8], off: u64| {
-            f.read_exact_at(buf, off).map_err(|e| {
-                if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    BuildError::Invalid {
-                        path: path.to_path_buf(),
-                        what: "file shrank while it was being read".into(),
-                    }
-                } else {
-                    io_err(path, "data: read")(e)
-                }
-            })
+            f.read_exact_at(buf, off)
+                .map_err(|e| crate::data::read_err(path, e))
         };
         // A chunk up to PIECE bytes stays in `buf`; a bigger one is read again to be
         // written or compared.
@@ -213,9 +206,9 @@ impl ChunkStore {
             self.zeros += len;
             return Ok(Chunk::Hole);
         }
-        // Chunks of one build have one size but the file's last: the length is part
-        // of the key (a chunk is at most 2^31 blocks: it fits a u64, not always a u32).
-        let key = (h.digest128(), len);
+        // Chunks of one build have one size but a file's last: the length is hashed.
+        h.update(&len.to_le_bytes());
+        let key = h.digest();
         if self.opts.dedupe {
             if let Some(&blk) = self.seen.get(&key) {
                 if self.same_as_stored(out, bits, blk, start, len, whole, &read)? {

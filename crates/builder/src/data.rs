@@ -28,6 +28,19 @@ pub enum FileData {
     },
 }
 
+/// A failed read of a source file's data: a file that ends early shrank while it was
+/// being read.
+pub(crate) fn read_err(path: &std::path::Path, e: std::io::Error) -> BuildError {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        BuildError::Invalid {
+            path: path.to_path_buf(),
+            what: "file shrank while it was being read".into(),
+        }
+    } else {
+        io_err(path, "data: read")(e)
+    }
+}
+
 /// Writes file data at increasing block numbers.
 pub struct DataWriter<'a> {
     pub out: &'a mut Out,
@@ -55,16 +68,7 @@ impl DataWriter<'_> {
         while off < end {
             let n = (end - off).min(IO_CHUNK as u64) as usize;
             let buf = &mut self.buf[..n];
-            f.read_exact_at(buf, off).map_err(|e| {
-                if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    BuildError::Invalid {
-                        path: path.to_path_buf(),
-                        what: "file shrank while it was being read".into(),
-                    }
-                } else {
-                    io_err(path, "data: read")(e)
-                }
-            })?;
+            f.read_exact_at(buf, off).map_err(|e| read_err(path, e))?;
             let padded = (n as u64).div_ceil(self.blksz()) * self.blksz();
             if padded as usize != n {
                 self.buf.resize(padded as usize, 0);

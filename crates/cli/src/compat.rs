@@ -57,6 +57,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
     let mut extended: Vec<String> = Vec::new();
     let mut metabox: Option<String> = None;
     let mut mkfs_time = false;
+    let mut chunksize: Option<String> = None;
     let mut i = 0;
     // Bounded: every pass consumes at least one argument.
     while i < args.len() {
@@ -117,11 +118,13 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                     bail!("mkfs.erofs: --{name}=FILE (dumping the raw stream) is not implemented by ferofs")
                 }
                 "force-uid" | "force-gid" | "uid-offset" | "gid-offset" | "exclude-path"
-                | "exclude-regex" | "compress-hints" | "chunksize" => {
+                | "exclude-regex" | "compress-hints" => {
                     let v = value()?;
                     out.push(format!("--{name}").into());
                     out.push(v.into());
                 }
+                // Kept until the end: it applies to uncompressed images only.
+                "chunksize" => chunksize = Some(value()?),
                 "workers" => {
                     let v = value()?;
                     out.push("-j".into());
@@ -227,6 +230,21 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
             continue;
         }
         pos.push(raw.clone());
+    }
+    if let Some(cs) = chunksize {
+        if compress {
+            // mkfs.erofs cuts the files it stores uncompressed into chunks; ferofs
+            // shares their data with -E dedupe instead.
+            if !out.iter().any(|a| a == "--quiet") {
+                eprintln!(
+                    "mkfs.erofs: --chunksize={cs} ignored: ferofs cuts files into chunks in \
+                     uncompressed images only (-E dedupe shares identical data here)"
+                );
+            }
+        } else {
+            out.push("--chunksize".into());
+            out.push(cs.into());
+        }
     }
     if compress {
         if let Some(c) = pcluster {
@@ -561,6 +579,11 @@ mod tests {
                 "s",
                 "o"
             ]
+        );
+        // With -z it is left out (with a warning).
+        assert_eq!(
+            t(&["--chunksize", "8192", "-zlz4", "o", "s"]).expect("translate"),
+            ["-z", "lz4", "s", "o"]
         );
     }
 

@@ -154,7 +154,12 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
         plan::add_packed_inode(&mut tree, build_time);
     }
     let mut plan = plan::plan(&tree, build_time, o)?;
-    let mut out = out::Out::create(output)?;
+    if o.verity.is_some() && o.output_offset != 0 {
+        return Err(BuildError::Options(
+            "--verity with --offset: the hash tree would not lie behind the image".into(),
+        ));
+    }
+    let mut out = out::Out::create(output, o.output_offset)?;
     let mut placed = place::store_data(&tree, &plan, o, &mut out)?;
     if let (Some(id), Some(p)) = (tree.packed, &placed.packed) {
         plan.set_file_size(id, p.size);

@@ -105,6 +105,9 @@ pub struct BuildOptions {
     /// `--chunksize`: files stored uncompressed are chunk-based, their chunks
     /// deduplicated (see `chunks`).
     pub chunks: Option<ChunkOptions>,
+    /// Where the image starts in the output (`--offset`): the bytes before it are
+    /// zeros in a new file, left as they are on a block device.
+    pub output_offset: u64,
 }
 
 /// Which inode core every inode gets.
@@ -192,6 +195,7 @@ impl Default for BuildOptions {
             inode_version: InodeVersion::Auto,
             sb_checksum: true,
             chunks: None,
+            output_offset: 0,
         }
     }
 }

@@ -9,18 +9,45 @@ use xxhash_rust::xxh3::Xxh3;
 
 pub struct Out {
     file: File,
+    /// The temporary file (for a block device: the device).
     tmp: PathBuf,
     target: PathBuf,
     hasher: Xxh3,
     done: bool,
+    /// Where the image starts in the file (`--offset`); every offset below is the
+    /// image's own.
+    base: u64,
+    /// Writing straight into a block device of this many bytes: no temporary file and
+    /// no rename.
+    device: Option<u64>,
 }
 
+/// How big the superblock's block is at most: zeroed first on a device.
+const SB_BLOCK: usize = 4096;
+
 impl Out {
-    pub fn create(target: &Path) -> Result<Self> {
-        let dir = match target.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
+    /// The output `target`, the image starting `base` bytes into it. A symbolic link
+    /// is followed (the image goes where it points). A regular file (or a new name) is
+    /// built in a temporary file beside it and renamed over it at the end; a block
+    /// device is written in place, opened exclusively (not while it is mounted), its
+    /// superblock zeroed first so a build that fails leaves no image that looks valid.
+    /// Anything else is an error.
+    pub fn create(target: &Path, base: u64) -> Result<Self> {
+        use std::os::unix::fs::FileTypeExt;
+        let target = follow_links(target)?;
+        if let Ok(md) = std::fs::metadata(&target) {
+            let ft = md.file_type();
+            if ft.is_block_device() {
+                return Self::device(&target, base);
+            }
+            if !ft.is_file() {
+                return Err(BuildError::Invalid {
+                    path: target,
+                    what: "the output must be a regular file or a block device".into(),
+                });
+            }
+        }
+        let dir = dir_of(&target).to_path_buf();
         let name = target
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -37,18 +64,71 @@ impl Out {
         Ok(Out {
             file,
             tmp,
-            target: target.to_path_buf(),
+            target,
             hasher: Xxh3::new(),
             done: false,
+            base,
+            device: None,
         })
+    }
+
+    fn device(path: &Path, base: u64) -> Result<Self> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            // On a block device: fails (EBUSY) while it is mounted or held.
+            .custom_flags(rustix::fs::OFlags::EXCL.bits() as i32)
+            .open(path)
+            .map_err(io_err(path, "open output device"))?;
+        let size = ferofs_reader::source::file_len(&file)
+            .map_err(io_err(path, "size of output device"))?;
+        let out = Out {
+            file,
+            tmp: path.to_path_buf(),
+            target: path.to_path_buf(),
+            hasher: Xxh3::new(),
+            done: false,
+            base,
+            device: Some(size),
+        };
+        out.fits(0, SB_BLOCK as u64)?;
+        out.file
+            .write_all_at(&[0u8; SB_BLOCK], base)
+            .map_err(io_err(path, "write output"))?;
+        Ok(out)
+    }
+
+    /// On a device: whether `len` bytes at image offset `off` fit it.
+    fn fits(&self, off: u64, len: u64) -> Result<()> {
+        let Some(size) = self.device else {
+            return Ok(());
+        };
+        let end = self.base.checked_add(off).and_then(|e| e.checked_add(len));
+        if end.is_some_and(|e| e <= size) {
+            return Ok(());
+        }
+        Err(BuildError::TooLarge(format!(
+            "{}: the image does not fit the device ({size} bytes{})",
+            self.target.display(),
+            match self.base {
+                0 => String::new(),
+                b => format!(", from byte {b}"),
+            }
+        )))
     }
 
     /// Write `data` at byte `off`; hashed in call order (which is deterministic).
     pub fn write_at(&mut self, off: u64, data: &[u8]) -> Result<()> {
+        self.fits(off, data.len() as u64)?;
         self.hasher.update(&off.to_le_bytes());
         self.hasher.update(data);
+        let at = self
+            .base
+            .checked_add(off)
+            .ok_or_else(|| BuildError::TooLarge("output offset".into()))?;
         self.file
-            .write_all_at(data, off)
+            .write_all_at(data, at)
             .map_err(io_err(&self.tmp, "write output"))
     }
 
@@ -60,21 +140,35 @@ impl Out {
 
     /// Read back `buf.len()` bytes written at `off`.
     pub fn read_at(&self, off: u64, buf: &mut [u8]) -> Result<()> {
+        let at = self
+            .base
+            .checked_add(off)
+            .ok_or_else(|| BuildError::TooLarge("output offset".into()))?;
         self.file
-            .read_exact_at(buf, off)
+            .read_exact_at(buf, at)
             .map_err(io_err(&self.tmp, "read output"))
     }
 
     /// A scratch file beside the output (same filesystem), removed when dropped.
     pub fn spool(&self, what: &str) -> Result<tempfile::NamedTempFile> {
-        let dir = dir_of(&self.tmp).to_path_buf();
+        let dir = match self.device {
+            // Not beside a device node.
+            Some(_) => std::env::temp_dir(),
+            None => dir_of(&self.tmp).to_path_buf(),
+        };
         crate::cleanup::scratch(&dir, &format!(".ferofs-{what}-"))
             .map_err(io_err(&dir, "create scratch file"))
     }
 
-    /// The temporary file itself (the verity tree is hashed from it and written to it).
+    /// The temporary file itself (the verity tree is hashed from it and written to it;
+    /// only with the image at its start).
     pub fn file(&self) -> &File {
         &self.file
+    }
+
+    /// Where the image starts in the file.
+    pub fn base(&self) -> u64 {
+        self.base
     }
 
     /// The temporary file's path, for error messages.
@@ -82,9 +176,17 @@ impl Out {
         &self.tmp
     }
 
+    /// The image is `len` bytes long (a device keeps its size).
     pub fn set_len(&mut self, len: u64) -> Result<()> {
+        if self.device.is_some() {
+            return self.fits(0, len);
+        }
+        let end = self
+            .base
+            .checked_add(len)
+            .ok_or_else(|| BuildError::TooLarge("output offset".into()))?;
         self.file
-            .set_len(len)
+            .set_len(end)
             .map_err(io_err(&self.tmp, "size output"))
     }
 
@@ -95,6 +197,14 @@ impl Out {
     /// renamed over an existing one (seconds for a large image); like mkfs.erofs, the
     /// page cache then writes the image back whenever it likes.
     pub fn finish(mut self, durable: bool) -> Result<()> {
+        if self.device.is_some() {
+            // A device is always flushed: nothing else would tell of a failed write.
+            self.file
+                .sync_all()
+                .map_err(io_err(&self.tmp, "sync output"))?;
+            self.done = true;
+            return Ok(());
+        }
         if durable {
             self.file
                 .sync_all()
@@ -112,11 +222,35 @@ impl Out {
 
 impl Drop for Out {
     fn drop(&mut self) {
-        if !self.done {
+        if !self.done && self.device.is_none() {
             let _ = std::fs::remove_file(&self.tmp);
             crate::cleanup::untrack(&self.tmp);
         }
     }
+}
+
+/// `target` with symbolic links followed (the last component's, as open(2) would;
+/// at most 40), also when the link points at a name not created yet.
+fn follow_links(target: &Path) -> Result<PathBuf> {
+    let mut p = target.to_path_buf();
+    // Bounded: 40 links, as the kernel's limit.
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let l = std::fs::read_link(&p).map_err(io_err(&p, "read output link"))?;
+                p = if l.is_absolute() {
+                    l
+                } else {
+                    dir_of(&p).join(l)
+                };
+            }
+            _ => return Ok(p),
+        }
+    }
+    Err(BuildError::Invalid {
+        path: target.to_path_buf(),
+        what: "too many levels of symbolic links".into(),
+    })
 }
 
 /// The directory `path` is in (`.` for a bare name): where its scratch files go.

@@ -346,6 +346,7 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
         o.ignore_mtime = true;
     }
     o.sb_checksum = ext.sb_checksum;
+    o.output_offset = crate::source::offset()?;
     if let Some(cs) = a.chunksize {
         if a.tar_index {
             bail!(

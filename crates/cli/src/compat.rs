@@ -12,7 +12,7 @@ use anyhow::{bail, Result};
 use std::ffi::OsString;
 
 /// mkfs.erofs options ferofs knows but does not implement (a clear error).
-const UNSUPPORTED_LONG: [&str; 15] = [
+const UNSUPPORTED_LONG: [&str; 14] = [
     "mount-point",
     "file-contexts",
     "max-extent-bytes",
@@ -20,7 +20,6 @@ const UNSUPPORTED_LONG: [&str; 15] = [
     "dsunit",
     "fsalignblks",
     "incremental",
-    "offset",
     "root-xattr-isize",
     "gzinfo",
     "vmdk-desc",
@@ -31,7 +30,7 @@ const UNSUPPORTED_LONG: [&str; 15] = [
 ];
 
 /// Long options whose value may be the next argument.
-const LONG_WITH_VALUE: [&str; 11] = [
+const LONG_WITH_VALUE: [&str; 12] = [
     "async-queue-limit",
     "force-uid",
     "force-gid",
@@ -43,6 +42,7 @@ const LONG_WITH_VALUE: [&str; 11] = [
     "uid-offset",
     "gid-offset",
     "chunksize",
+    "offset",
 ];
 
 /// The `ferofs build` arguments (after `build`) for mkfs.erofs's `args` (after the
@@ -118,7 +118,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                     bail!("mkfs.erofs: --{name}=FILE (dumping the raw stream) is not implemented by ferofs")
                 }
                 "force-uid" | "force-gid" | "uid-offset" | "gid-offset" | "exclude-path"
-                | "exclude-regex" | "compress-hints" => {
+                | "exclude-regex" | "compress-hints" | "offset" => {
                     let v = value()?;
                     out.push(format!("--{name}").into());
                     out.push(v.into());
@@ -595,7 +595,10 @@ mod tests {
                 &["--max-extent-bytes", "4096", "o", "s"][..],
                 "--max-extent-bytes",
             ),
-            (&["--offset=4096", "o", "s"][..], "--offset"),
+            (
+                &["--root-xattr-isize=4096", "o", "s"][..],
+                "--root-xattr-isize",
+            ),
             (&["--tar=headerball", "o"][..], "--tar=headerball"),
             (&["--bogus", "o", "s"][..], "--bogus"),
             (&["-Q", "o", "s"][..], "-Q"),
@@ -664,6 +667,7 @@ pub fn fsck_to_ferofs(args: &[OsString]) -> Result<Vec<OsString>> {
     let mut pos = Vec::new();
     let (mut extract, mut path) = (None::<String>, None::<String>);
     let (mut overwrite, mut owner, mut xattrs) = (false, true, false);
+    let mut offset = None::<String>;
     for a in split_args(args, &['d']) {
         match a {
             Arg::Pos(p) => pos.push(p),
@@ -674,6 +678,7 @@ pub fn fsck_to_ferofs(args: &[OsString]) -> Result<Vec<OsString>> {
             Arg::Long(n, v) => match (n.as_str(), v) {
                 ("extract", v) => extract = Some(v.unwrap_or_default()),
                 ("path", Some(p)) => path = Some(p),
+                ("offset", Some(o)) => offset = Some(o),
                 ("force", None) | ("preserve", None) | ("preserve-perms", None) => {}
                 ("no-preserve-perms", None) => {
                     bail!("fsck.erofs: --no-preserve-perms is not implemented by ferofs")
@@ -690,6 +695,21 @@ pub fn fsck_to_ferofs(args: &[OsString]) -> Result<Vec<OsString>> {
         }
     }
     let image = one_image("fsck.erofs", pos)?;
+    let mut v = fsck_command(image, extract, path, overwrite, owner, xattrs)?;
+    if let Some(o) = offset {
+        v.extend(["--offset".into(), o.into()]);
+    }
+    Ok(v)
+}
+
+fn fsck_command(
+    image: OsString,
+    extract: Option<String>,
+    path: Option<String>,
+    overwrite: bool,
+    owner: bool,
+    xattrs: bool,
+) -> Result<Vec<OsString>> {
     match extract.filter(|d| !d.is_empty()) {
         Some(dir) => {
             let mut v: Vec<OsString> = vec!["extract".into(), image, dir.into()];
@@ -724,6 +744,7 @@ pub fn dump_to_ferofs(args: &[OsString]) -> Result<Vec<Vec<OsString>>> {
     let mut pos = Vec::new();
     let (mut sb, mut ls, mut cat, mut ext) = (false, false, false, false);
     let mut path = None::<String>;
+    let mut offset = None::<String>;
     for a in split_args(args, &[]) {
         match a {
             Arg::Pos(p) => pos.push(p),
@@ -736,6 +757,7 @@ pub fn dump_to_ferofs(args: &[OsString]) -> Result<Vec<Vec<OsString>>> {
                 ("ls", None) => ls = true,
                 ("cat", None) => cat = true,
                 ("path", Some(p)) => path = Some(p),
+                ("offset", Some(o)) => offset = Some(o),
                 ("version", None) => return Ok(vec![vec!["--version".into()]]),
                 ("help", None) => return Ok(vec![vec!["inspect".into(), "--help".into()]]),
                 (n, _) => bail!("dump.erofs: option --{n} is not implemented by ferofs"),
@@ -758,6 +780,11 @@ pub fn dump_to_ferofs(args: &[OsString]) -> Result<Vec<Vec<OsString>>> {
         }
     } else if ls || cat || ext {
         bail!("dump.erofs: --ls, --cat and -e need --path=X (--nid is not implemented by ferofs)");
+    }
+    if let Some(o) = offset {
+        for c in &mut cmds {
+            c.extend(["--offset".into(), o.clone().into()]);
+        }
     }
     Ok(cmds)
 }
@@ -783,6 +810,14 @@ mod fsck_dump_tests {
         assert_eq!(
             fsck_to_ferofs(&os(&["--extract=o", "--no-preserve-owner", "img"])).expect("f"),
             os(&["extract", "img", "o", "--no-owner", "--no-xattrs"])
+        );
+        assert_eq!(
+            fsck_to_ferofs(&os(&["--offset=4096", "img"])).expect("f"),
+            os(&["check", "img", "--offset", "4096"])
+        );
+        assert_eq!(
+            dump_to_ferofs(&os(&["--offset=512", "--path=/a", "img"])).expect("d"),
+            [os(&["stat", "img", "/a", "--offset", "512"])]
         );
         let e = fsck_to_ferofs(&os(&["--device=x", "img"])).expect_err("device");
         assert!(e.to_string().contains("--device"), "{e}");

@@ -32,9 +32,6 @@ pub struct MountArgs {
     /// no_default_permissions, ro.
     #[arg(short = 'o', value_name = "OPTS")]
     options: Vec<String>,
-    /// Byte offset of the image inside the file.
-    #[arg(long, default_value_t = 0, value_name = "BYTES")]
-    offset: u64,
     /// Write every regular file, the first time its data is read, to FILE (paths relative
     /// to the image root, one per line: the list `ferofs build --sort FILE` takes);
     /// flushed when the mount ends.
@@ -50,7 +47,7 @@ pub struct MountArgs {
 
 fn options(a: &MountArgs) -> Result<ferofs_mount::Options> {
     let mut o = ferofs_mount::Options::new(&a.image, &a.dir);
-    o.offset = a.offset;
+    o.offset = crate::source::offset()?;
     o.record_access = a.record_access.clone();
     o.verbose = a.verbose;
     // A URL: a walk at mount would be a round trip per metadata block; the remote

@@ -17,7 +17,12 @@ use std::time::Duration;
 /// An image's bytes.
 #[derive(Debug)]
 pub enum Src {
-    File(std::fs::File),
+    /// A file or block device, the image `len` bytes from byte `offset` (`--offset`).
+    File {
+        file: std::fs::File,
+        offset: u64,
+        len: u64,
+    },
     Remote(Arc<Remote>),
 }
 
@@ -28,13 +33,30 @@ impl Source for Src {
     #[inline]
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         match self {
-            Src::File(f) => std::os::unix::fs::FileExt::read_exact_at(f, buf, offset),
+            Src::File {
+                file, offset: 0, ..
+            } => std::os::unix::fs::FileExt::read_exact_at(file, buf, offset),
+            Src::File {
+                file,
+                offset: base,
+                len,
+            } => {
+                // Within the image: a read past its end is short, as for a file.
+                offset
+                    .checked_add(buf.len() as u64)
+                    .filter(|&e| e <= *len)
+                    .ok_or(io::ErrorKind::UnexpectedEof)?;
+                let at = base
+                    .checked_add(offset)
+                    .ok_or(io::ErrorKind::UnexpectedEof)?;
+                std::os::unix::fs::FileExt::read_exact_at(file, buf, at)
+            }
             Src::Remote(r) => r.read_exact_at(buf, offset),
         }
     }
     fn size(&self) -> io::Result<u64> {
         match self {
-            Src::File(f) => Ok(f.metadata()?.len()),
+            Src::File { len, .. } => Ok(*len),
             Src::Remote(r) => r.size(),
         }
     }
@@ -68,6 +90,20 @@ pub struct RemoteArgs {
     /// using it; a mismatch is an I/O error.
     #[arg(long, global = true, value_name = "ROOTHASH")]
     pub verity_root: Option<String>,
+    /// Where the image starts inside the file or block device given (bytes; k, m, g
+    /// suffixes): an image inside a disk image, or behind a program. For `build`: where
+    /// the image starts in the output, the bytes before it zeros (mkfs.erofs's
+    /// `--offset`).
+    #[arg(long, global = true, value_name = "BYTES", default_value = "0")]
+    pub offset: String,
+}
+
+/// `--offset` in bytes.
+pub fn offset() -> Result<u64> {
+    match ARGS.get() {
+        Some(a) => parse_size("--offset", &a.offset),
+        None => Ok(0),
+    }
 }
 
 static ARGS: OnceLock<RemoteArgs> = OnceLock::new();
@@ -150,11 +186,24 @@ pub fn open_remote(url: &str) -> Result<Arc<Remote>> {
 
 /// The bytes of an image argument: a file, or a URL.
 pub fn open_src(image: &Path) -> Result<Src> {
+    let offset = offset()?;
     match image.to_str() {
-        Some(u) if ferofs_remote::is_url(u) => Ok(Src::Remote(open_remote(u)?)),
-        _ => Ok(Src::File(
-            std::fs::File::open(image).with_context(|| image.display().to_string())?,
-        )),
+        Some(u) if ferofs_remote::is_url(u) => {
+            anyhow::ensure!(offset == 0, "--offset is for image files, not URLs");
+            Ok(Src::Remote(open_remote(u)?))
+        }
+        _ => {
+            let file = std::fs::File::open(image).with_context(|| image.display().to_string())?;
+            let size = ferofs_reader::source::file_len(&file)
+                .with_context(|| image.display().to_string())?;
+            let len = size.checked_sub(offset).with_context(|| {
+                format!(
+                    "{}: --offset {offset} is past its end ({size} bytes)",
+                    image.display()
+                )
+            })?;
+            Ok(Src::File { file, offset, len })
+        }
     }
 }
 

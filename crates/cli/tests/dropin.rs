@@ -202,7 +202,7 @@ fn directory_command_lines_and_unimplemented_options() {
         "--file-contexts=/etc/selinux/x",
         "--mount-point=/system",
         "--gzinfo",
-        "--offset=4096",
+        "--root-xattr-isize=4096",
     ] {
         let img = d.path().join("x.erofs");
         let out = Command::new(&mkfs)

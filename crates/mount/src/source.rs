@@ -51,7 +51,7 @@ pub struct OffsetFile {
 impl OffsetFile {
     /// The bytes of `file` from `offset` on; an error when `offset` is past its end.
     pub fn new(file: File, offset: u64) -> io::Result<Self> {
-        let size = file.metadata()?.len();
+        let size = ferofs_reader::source::file_len(&file)?;
         let len = size.checked_sub(offset).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,

@@ -18,8 +18,21 @@ impl Source for std::fs::File {
         std::os::unix::fs::FileExt::read_exact_at(self, buf, offset)
     }
     fn size(&self) -> io::Result<u64> {
-        Ok(self.metadata()?.len())
+        file_len(self)
     }
+}
+
+/// The length of an open file in bytes; for a block device (whose metadata says 0),
+/// the device's size.
+pub fn file_len(f: &std::fs::File) -> io::Result<u64> {
+    use std::os::unix::fs::FileTypeExt;
+    let md = f.metadata()?;
+    if md.file_type().is_block_device() {
+        // Positional reads do not use the file position, so moving it is harmless.
+        let mut f = f;
+        return io::Seek::seek(&mut f, io::SeekFrom::End(0));
+    }
+    Ok(md.len())
 }
 
 fn slice_read(data: &[u8], buf: &mut [u8], offset: u64) -> io::Result<()> {

@@ -1,0 +1,174 @@
+//! Where `build` writes: a block device in place (never replacing its node), an image
+//! behind `--offset` zeros that every reader finds with the same `--offset`, the file a
+//! symbolic link points at, and nothing else.
+
+mod common;
+use common::*;
+use ferofs_testkit::{assert_same_tree, kernel_available, run as run_cmd, scratch};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A loop device over a sparse file of `size` bytes, detached when dropped.
+struct Loop {
+    dev: PathBuf,
+}
+
+impl Loop {
+    fn new(backing: &Path, size: u64) -> Self {
+        let f = std::fs::File::create(backing).expect("create backing file");
+        f.set_len(size).expect("size backing file");
+        let dev = run_cmd(Command::new("losetup").args(["-f", "--show"]).arg(backing));
+        Loop {
+            dev: PathBuf::from(dev.trim()),
+        }
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.dev).status();
+    }
+}
+
+fn small_tree(root: &Path) {
+    std::fs::create_dir_all(root.join("d")).expect("mkdir");
+    std::fs::write(root.join("a.txt"), "hello\n".repeat(3000)).expect("write");
+    std::fs::write(root.join("d/b"), b"bee").expect("write");
+    std::os::unix::fs::symlink("a.txt", root.join("link")).expect("symlink");
+}
+
+fn is_block_device(p: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_block_device())
+}
+
+#[test]
+fn a_block_device_is_written_in_place() {
+    if !kernel_available("a_block_device_is_written_in_place") {
+        return;
+    }
+    let d = scratch("out-device");
+    let tree = d.path().join("tree");
+    small_tree(&tree);
+    let lo = Loop::new(&d.path().join("backing"), 16 << 20);
+    build(&tree, &lo.dev, &["-z", "lz4hc"]);
+    // The node is still the device, and the device holds the image.
+    assert!(is_block_device(&lo.dev), "{} replaced", lo.dev.display());
+    ok(&[&"check", &lo.dev]);
+    let mnt = scratch("out-device-mnt");
+    run_cmd(
+        Command::new("mount")
+            .args(["-t", "erofs", "-o", "ro"])
+            .arg(&lo.dev)
+            .arg(mnt.path()),
+    );
+    assert_same_tree(&tree, mnt.path());
+    // While it is mounted, a build refuses to touch it.
+    let out = run(&[&"build", &"-q", &tree, &lo.dev]);
+    let _ = Command::new("umount").arg(mnt.path()).status();
+    assert!(!out.status.success(), "built over a mounted device");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("busy"), "{err}");
+    ok(&[&"check", &lo.dev]);
+    // An image larger than the device fails, naming it, and leaves no superblock.
+    let big = d.path().join("big");
+    std::fs::create_dir_all(&big).expect("mkdir");
+    std::fs::write(big.join("noise"), ferofs_testkit::noise(20 << 20, 5)).expect("write");
+    let out = run(&[&"build", &"-q", &"-z", &"none", &big, &lo.dev]);
+    assert!(!out.status.success(), "built 20 MiB into 16 MiB");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("does not fit the device"), "{err}");
+    assert!(is_block_device(&lo.dev));
+    let out = run(&[&"check", &lo.dev]);
+    assert_eq!(out.status.code(), Some(2), "a failed build left an image");
+}
+
+#[test]
+fn an_image_behind_an_offset_reads_with_the_same_offset() {
+    let d = scratch("out-offset");
+    let tree = d.path().join("tree");
+    small_tree(&tree);
+    let img = d.path().join("disk.img");
+    // An old file under the name: replaced, not written into.
+    std::fs::write(&img, vec![0xAAu8; 3 << 20]).expect("write");
+    build(&tree, &img, &["--offset", "1m", "-z", "lz4"]);
+    let bytes = std::fs::read(&img).expect("read");
+    assert!(
+        bytes[..1 << 20].iter().all(|&b| b == 0),
+        "the bytes before are not zeros"
+    );
+    assert_eq!(
+        &bytes[(1 << 20) + 1024..(1 << 20) + 1028],
+        &[0xe2, 0xe1, 0xf5, 0xe0]
+    );
+    // Without the offset there is no image; with it, every reader sees the tree.
+    assert_eq!(run(&[&"check", &img]).status.code(), Some(2));
+    ok(&[&"check", &"--offset", &"1048576", &img]);
+    let x = d.path().join("x");
+    ok(&[&"extract", &"--offset", &"1m", &img, &x]);
+    assert_same_tree(&tree, &x);
+    assert_eq!(ok(&[&"cat", &"--offset=1m", &img, &"/d/b"]), "bee");
+    // fsck.erofs 1.9 (1.5 has no --offset) and the drop-in take the same offset.
+    match ferofs_testkit::fsck_erofs_metabox() {
+        Some(fsck) => {
+            run_cmd(Command::new(fsck).arg("--offset=1048576").arg(&img));
+        }
+        None => eprintln!("SKIPPED fsck.erofs --offset: no fsck.erofs 1.9+"),
+    }
+    ok(&[&"fsck", &"--offset=1048576", &img]);
+    // The kernel, through a loop device at that offset.
+    if kernel_available("an_image_behind_an_offset_reads_with_the_same_offset") {
+        let mnt = scratch("out-offset-mnt");
+        run_cmd(
+            Command::new("mount")
+                .args(["-t", "erofs", "-o", "loop,ro,offset=1048576"])
+                .arg(&img)
+                .arg(mnt.path()),
+        );
+        let r = std::panic::catch_unwind(|| assert_same_tree(&tree, mnt.path()));
+        let _ = Command::new("umount").arg(mnt.path()).status();
+        r.expect("kernel mount at the offset");
+    }
+    // An offset past the end of the file is an error, not a read of nothing.
+    let out = run(&[&"ls", &"--offset", &"1g", &img, &"/"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("past its end"));
+    // The hash tree of --verity lies right behind the image: not with an offset.
+    let out = run(&[&"build", &"--offset", &"4096", &"--verity", &tree, &img]);
+    assert!(!out.status.success());
+}
+
+#[test]
+fn a_symbolic_link_is_followed_and_other_outputs_are_refused() {
+    let d = scratch("out-kinds");
+    let tree = d.path().join("tree");
+    small_tree(&tree);
+    let real = d.path().join("images/real.erofs");
+    std::fs::create_dir_all(real.parent().expect("parent")).expect("mkdir");
+    let link = d.path().join("current.erofs");
+    std::os::unix::fs::symlink("images/real.erofs", &link).expect("symlink");
+    build(&tree, &link, &[]);
+    assert!(std::fs::symlink_metadata(&link)
+        .expect("stat")
+        .file_type()
+        .is_symlink());
+    ok(&[&"check", &real]);
+    // A FIFO and a character device are not outputs; both stay what they were.
+    let fifo = d.path().join("fifo");
+    run_cmd(Command::new("mkfifo").arg(&fifo));
+    for out_path in [fifo.as_path(), Path::new("/dev/null")] {
+        let out = run(&[&"build", &"-q", &tree, &out_path]);
+        assert!(!out.status.success(), "{} taken", out_path.display());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("regular file or a block device"), "{err}");
+    }
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::symlink_metadata(&fifo)
+        .expect("stat")
+        .file_type()
+        .is_fifo());
+    assert!(std::fs::symlink_metadata("/dev/null")
+        .expect("stat")
+        .file_type()
+        .is_char_device());
+}

@@ -293,7 +293,7 @@ fn superblock(f: &File, path: &Path) -> Result<Sb> {
         path: path.to_path_buf(),
         what: format!("squashfs: {what}"),
     };
-    let len = f.metadata().map_err(io_err(path, "squashfs: stat"))?.len();
+    let len = ferofs_reader::source::file_len(f).map_err(io_err(path, "squashfs: stat"))?;
     let mut b = [0u8; 96];
     f.read_exact_at(&mut b, 0)
         .map_err(|e| bad(format!("superblock: {e} (image of {len} bytes)")))?;

@@ -502,7 +502,12 @@ pub fn run(a: BuildArgs) -> Result<()> {
         ferofs_builder::build_from_squashfs(&a.paths[0], &image, &opts)
     } else if a.tar.is_empty() {
         let src = &a.paths[0];
-        if src.is_file() && ferofs_builder::erofsin::is_erofs_image(src) {
+        // A regular file or a block device (a partition holding an image).
+        let image_like = src.is_file() || {
+            use std::os::unix::fs::FileTypeExt;
+            std::fs::metadata(src).is_ok_and(|m| m.file_type().is_block_device())
+        };
+        if image_like && ferofs_builder::erofsin::is_erofs_image(src) {
             // An EROFS image (magic at byte 1024): re-encode it.
             ferofs_builder::build_from_erofs(src, &image, &opts)
         } else {

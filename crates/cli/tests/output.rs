@@ -172,3 +172,47 @@ fn a_symbolic_link_is_followed_and_other_outputs_are_refused() {
         .file_type()
         .is_char_device());
 }
+
+#[test]
+fn images_on_block_devices_are_sources_too() {
+    if !kernel_available("images_on_block_devices_are_sources_too") {
+        return;
+    }
+    let d = scratch("src-device");
+    let tree = d.path().join("tree");
+    small_tree(&tree);
+    let img = d.path().join("a.erofs");
+    build(&tree, &img, &["-z", "lz4"]);
+    let mut images = vec![("erofs", img)];
+    if ferofs_testkit::tool("mksquashfs").is_some() {
+        let sq = d.path().join("a.sqfs");
+        run_cmd(
+            Command::new("mksquashfs")
+                .arg(&tree)
+                .arg(&sq)
+                .args(["-quiet", "-no-progress"]),
+        );
+        images.push(("squashfs", sq));
+    }
+    for (kind, image) in images {
+        let dev = run_cmd(
+            Command::new("losetup")
+                .args(["-r", "-f", "--show"])
+                .arg(&image),
+        );
+        let lo = Loop {
+            dev: PathBuf::from(dev.trim()),
+        };
+        let out = d.path().join(format!("from-{kind}.erofs"));
+        build(&lo.dev, &out, &[]);
+        // The same image as from the file (diff opens the device as an image too).
+        let from_file = d.path().join(format!("from-{kind}-file.erofs"));
+        build(&image, &from_file, &[]);
+        ok(&[&"diff", &from_file, &out]);
+        if kind == "erofs" {
+            ok(&[&"diff", &tree, &out]);
+            ok(&[&"diff", &lo.dev, &out]);
+            ok(&[&"check", &lo.dev]);
+        }
+    }
+}

@@ -108,6 +108,9 @@ pub struct BuildOptions {
     /// Where the image starts in the output (`--offset`): the bytes before it are
     /// zeros in a new file, left as they are on a block device.
     pub output_offset: u64,
+    /// `--fsalignblks`: the image's size is rounded up to a multiple of this many
+    /// blocks (a power of two; 0 or 1: no rounding).
+    pub fs_align_blocks: u32,
 }
 
 /// Which inode core every inode gets.
@@ -196,6 +199,7 @@ impl Default for BuildOptions {
             sb_checksum: true,
             chunks: None,
             output_offset: 0,
+            fs_align_blocks: 1,
         }
     }
 }

@@ -108,6 +108,7 @@ impl ComprCfg {
 }
 
 /// What the superblock says about the image, gathered by the write stage.
+#[derive(Clone)]
 pub struct SbFields {
     pub blkszbits: u8,
     /// Bit 63 set (root in the metabox) needs `metabox_nid`.

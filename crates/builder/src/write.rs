@@ -113,7 +113,18 @@ pub fn finish(
     plan: &Plan,
     o: &BuildOptions,
 ) -> Result<Written> {
-    let total_blocks = fields.total_blocks;
+    // `--fsalignblks`: the image's size a multiple of a power of two of blocks (the
+    // blocks added read as zeros).
+    let align = u64::from(o.fs_align_blocks.max(1)).next_power_of_two();
+    let total_blocks = fields
+        .total_blocks
+        .div_ceil(align)
+        .checked_mul(align)
+        .ok_or_else(|| BuildError::TooLarge("--fsalignblks".into()))?;
+    let fields = &sb::SbFields {
+        total_blocks,
+        ..fields.clone()
+    };
     let mut sb = sb::superblock(fields, &plan.cfg, o.label.as_deref())?;
     if !o.sb_checksum {
         sb.feature_compat &= !ferofs_format::sb::COMPAT_SB_CHKSUM;

@@ -113,6 +113,11 @@ pub struct BuildArgs {
     /// block map entries.
     #[arg(long, value_name = "BYTES")]
     chunksize: Option<u32>,
+    /// Round the image's size up to a multiple of N blocks (N rounded up to a power of
+    /// two; the blocks added are zeros), as mkfs.erofs's `--fsalignblks`: e.g. for a
+    /// partition or a disk image that wants whole MiB.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    fsalignblks: u32,
     /// Per-file compression policy file (mkfs.erofs format: `PCLUSTER [ALG_INDEX] REGEX`).
     #[arg(long, value_name = "FILE")]
     compress_hints: Option<PathBuf>,
@@ -347,6 +352,10 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
     }
     o.sb_checksum = ext.sb_checksum;
     o.output_offset = crate::source::offset()?;
+    if a.fsalignblks > 1 << 31 {
+        bail!("--fsalignblks {}: at most 2^31 blocks", a.fsalignblks);
+    }
+    o.fs_align_blocks = a.fsalignblks;
     if let Some(cs) = a.chunksize {
         if a.tar_index {
             bail!(

@@ -12,13 +12,12 @@ use anyhow::{bail, Result};
 use std::ffi::OsString;
 
 /// mkfs.erofs options ferofs knows but does not implement (a clear error).
-const UNSUPPORTED_LONG: [&str; 14] = [
+const UNSUPPORTED_LONG: [&str; 13] = [
     "mount-point",
     "file-contexts",
     "max-extent-bytes",
     "blobdev",
     "dsunit",
-    "fsalignblks",
     "incremental",
     "root-xattr-isize",
     "gzinfo",
@@ -30,7 +29,7 @@ const UNSUPPORTED_LONG: [&str; 14] = [
 ];
 
 /// Long options whose value may be the next argument.
-const LONG_WITH_VALUE: [&str; 12] = [
+const LONG_WITH_VALUE: [&str; 13] = [
     "async-queue-limit",
     "force-uid",
     "force-gid",
@@ -43,6 +42,7 @@ const LONG_WITH_VALUE: [&str; 12] = [
     "gid-offset",
     "chunksize",
     "offset",
+    "fsalignblks",
 ];
 
 /// The `ferofs build` arguments (after `build`) for mkfs.erofs's `args` (after the
@@ -118,7 +118,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                     bail!("mkfs.erofs: --{name}=FILE (dumping the raw stream) is not implemented by ferofs")
                 }
                 "force-uid" | "force-gid" | "uid-offset" | "gid-offset" | "exclude-path"
-                | "exclude-regex" | "compress-hints" | "offset" => {
+                | "exclude-regex" | "compress-hints" | "offset" | "fsalignblks" => {
                     let v = value()?;
                     out.push(format!("--{name}").into());
                     out.push(v.into());
@@ -576,6 +576,19 @@ mod tests {
                 "force-chunk-indexes,force-inode-extended",
                 "-E",
                 "nosbcrc",
+                "s",
+                "o"
+            ]
+        );
+        assert_eq!(
+            t(&["--fsalignblks=256", "--offset", "4096", "o", "s"]).expect("translate"),
+            [
+                "--fsalignblks",
+                "256",
+                "--offset",
+                "4096",
+                "-z",
+                "none",
                 "s",
                 "o"
             ]

@@ -216,3 +216,29 @@ fn images_on_block_devices_are_sources_too() {
         }
     }
 }
+
+#[test]
+fn fsalignblks_rounds_the_image_size_up() {
+    let d = scratch("out-align");
+    let tree = d.path().join("tree");
+    small_tree(&tree);
+    for (n, blocks) in [
+        (1u32, None),
+        (200, Some(256u64)),
+        (256, Some(256)),
+        (3, None),
+    ] {
+        let img = d.path().join(format!("a{n}.erofs"));
+        build(&tree, &img, &["--fsalignblks", &n.to_string()]);
+        let len = std::fs::metadata(&img).expect("stat").len();
+        let info = json(&ok(&[&"inspect", &"--json", &img]));
+        assert_eq!(info["blocks"].as_u64(), Some(len / 4096), "{n}");
+        match blocks {
+            Some(b) => assert_eq!(len, b * 4096, "--fsalignblks {n}"),
+            // 3 rounds up to 4.
+            None if n == 3 => assert_eq!(len % (4 * 4096), 0, "--fsalignblks 3: {len}"),
+            None => {}
+        }
+        ok(&[&"check", &img]);
+    }
+}

@@ -45,6 +45,9 @@ pub struct ChunkStore {
     seen: HashMap<u64, u32>,
     buf: Vec<u8>,
     cmp: Vec<u8>,
+    /// New chunk bytes not written yet, for image offset `pending_at`.
+    pending: Vec<u8>,
+    pending_at: u64,
     /// Bytes of chunks that point at a chunk stored before.
     pub deduped: u64,
     /// Bytes of data chunks that held only zeros (stored as holes).
@@ -58,6 +61,8 @@ impl ChunkStore {
             seen: HashMap::default(),
             buf: Vec::new(),
             cmp: Vec::new(),
+            pending: Vec::new(),
+            pending_at: 0,
             deduped: 0,
             zeros: 0,
         }
@@ -69,6 +74,47 @@ impl ChunkStore {
     /// when `inline_tail` (a chunk-based inode has no inline tail, so small files would
     /// otherwise take a block each).
     pub fn store(
+        &mut self,
+        out: &mut Out,
+        bits: u8,
+        next_blk: &mut u64,
+        f: &Reader,
+        size: u64,
+        inline_tail: bool,
+    ) -> Result<FileData> {
+        let r = self.store_chunks(out, bits, next_blk, f, size, inline_tail);
+        // Whatever happened, what was written reaches the image before anyone else
+        // writes or reads it.
+        self.flush(out)?;
+        r
+    }
+
+    /// New chunks of a file lie one after another: they go out in writes of up to
+    /// PIECE bytes, not one a chunk.
+    fn put(&mut self, out: &mut Out, pos: u64, data: &[u8]) -> Result<()> {
+        let joins = self.pending_at + self.pending.len() as u64 == pos;
+        if !joins || self.pending.len() + data.len() > PIECE {
+            self.flush(out)?;
+        }
+        if self.pending.is_empty() {
+            self.pending_at = pos;
+        }
+        if data.len() >= PIECE {
+            return out.write_at(pos, data);
+        }
+        self.pending.extend_from_slice(data);
+        Ok(())
+    }
+
+    fn flush(&mut self, out: &mut Out) -> Result<()> {
+        if !self.pending.is_empty() {
+            out.write_at(self.pending_at, &self.pending)?;
+            self.pending.clear();
+        }
+        Ok(())
+    }
+
+    fn store_chunks(
         &mut self,
         out: &mut Out,
         bits: u8,
@@ -211,6 +257,8 @@ impl ChunkStore {
         let key = h.digest();
         if self.opts.dedupe {
             if let Some(&blk) = self.seen.get(&key) {
+                // The chunk it matched may still be waiting to be written.
+                self.flush(out)?;
                 if self.same_as_stored(out, bits, blk, start, len, whole, &read)? {
                     self.deduped += len;
                     return Ok(Chunk::Shared(blk));
@@ -233,7 +281,10 @@ impl ChunkStore {
             self.buf.resize(padded.max(len) as usize, 0);
             self.buf[body as usize..padded as usize].fill(0);
             if padded > 0 {
-                out.write_at(pos, &self.buf[..padded as usize])?;
+                let b = std::mem::take(&mut self.buf);
+                let r = self.put(out, pos, &b[..padded as usize]);
+                self.buf = b;
+                r?;
             }
             *next_blk += body.div_ceil(bs);
             if keep > 0 {
@@ -248,7 +299,10 @@ impl ChunkStore {
                 let padded = (k as u64).div_ceil(bs) * bs;
                 self.buf.resize(padded.max(PIECE as u64) as usize, 0);
                 self.buf[k..padded as usize].fill(0);
-                out.write_at(pos, &self.buf[..padded as usize])?;
+                let b = std::mem::take(&mut self.buf);
+                let r = self.put(out, pos, &b[..padded as usize]);
+                self.buf = b;
+                r?;
                 pos += padded;
                 at += k as u64;
             }

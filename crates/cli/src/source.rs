@@ -207,6 +207,58 @@ pub fn open_src(image: &Path) -> Result<Src> {
     }
 }
 
+/// How far into a file [`where_is_the_image`] looks.
+const HINT_SCAN: u64 = 64 << 20;
+
+/// For a file that holds no EROFS superblock where it was looked for: what it is
+/// instead, when that is easy to tell (a SquashFS image, or an EROFS superblock further
+/// in, as in a disk image with a partition table: the `--offset` to give).
+pub fn where_is_the_image(image: &Path) -> Option<String> {
+    let read_at = |f: &std::fs::File, b: &mut [u8], at: u64| {
+        std::os::unix::fs::FileExt::read_exact_at(f, b, at)
+    };
+    if is_url(image) {
+        return None;
+    }
+    let f = std::fs::File::open(image).ok()?;
+    let len = ferofs_reader::source::file_len(&f).ok()?;
+    let given = offset().unwrap_or(0);
+    let mut head = [0u8; 4];
+    if read_at(&f, &mut head, given).is_ok() && &head == b"hsqs" {
+        return Some(format!(
+            "this is a SquashFS image: `ferofs build {} NEW.erofs` converts it",
+            image.display()
+        ));
+    }
+    // Superblocks sit 1024 bytes into the image, and images start on 512-byte
+    // boundaries (partitions do).
+    let magic = ferofs_format::sb::MAGIC.to_le_bytes();
+    let end = len.min(HINT_SCAN);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    // Bounded: HINT_SCAN bytes in 1 MiB pieces.
+    while at < end {
+        let n = (end - at).min(buf.len() as u64) as usize;
+        read_at(&f, &mut buf[..n], at).ok()?;
+        let mut p = (1024 - (at % 512) as usize % 512) % 512;
+        while p + 13 <= n {
+            let blkszbits = buf[p + 12];
+            let start = (at + p as u64).checked_sub(1024);
+            if buf[p..p + 4] == magic && (9..=16).contains(&blkszbits) {
+                if let Some(start) = start.filter(|&s| s != given) {
+                    return Some(format!(
+                        "an EROFS superblock is at byte {}: the image starts at --offset {start}",
+                        at + p as u64
+                    ));
+                }
+            }
+            p += 512;
+        }
+        at += n as u64;
+    }
+    None
+}
+
 /// --fetch-stats: one line per URL opened.
 pub fn print_stats() {
     if !ARGS.get().is_some_and(|a| a.fetch_stats) {

@@ -103,6 +103,16 @@ fn an_image_behind_an_offset_reads_with_the_same_offset() {
     );
     // Without the offset there is no image; with it, every reader sees the tree.
     assert_eq!(run(&[&"check", &img]).status.code(), Some(2));
+    // ... and the error says where it is.
+    for cmd in ["check", "inspect"] {
+        let out = run(&[&cmd, &img]);
+        assert!(!out.status.success(), "{cmd}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("hint: an EROFS superblock is at byte 1049600: the image starts at --offset 1048576"),
+            "{cmd}: {err}"
+        );
+    }
     ok(&[&"check", &"--offset", &"1048576", &img]);
     let x = d.path().join("x");
     ok(&[&"extract", &"--offset", &"1m", &img, &x]);

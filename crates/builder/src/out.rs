@@ -132,6 +132,26 @@ impl Out {
             .map_err(io_err(&self.tmp, "write output"))
     }
 
+    /// Write `data` at byte `off` in pieces: `start(off)` once, then `piece(bytes)`
+    /// for consecutive bytes. Hashed exactly as one `write_at(off, whole)` would be
+    /// (the hash is streamed), so the derived UUID does not depend on the pieces.
+    pub fn run_start(&mut self, off: u64) {
+        self.hasher.update(&off.to_le_bytes());
+    }
+
+    /// The next piece of a run begun with [`Out::run_start`], at byte `at`.
+    pub fn run_piece(&mut self, at: u64, data: &[u8]) -> Result<()> {
+        self.fits(at, data.len() as u64)?;
+        self.hasher.update(data);
+        let pos = self
+            .base
+            .checked_add(at)
+            .ok_or_else(|| BuildError::TooLarge("output offset".into()))?;
+        self.file
+            .write_all_at(data, pos)
+            .map_err(io_err(&self.tmp, "write output"))
+    }
+
     /// 128-bit hash of everything written so far (xxh3: fast, not cryptographic —
     /// it only seeds the derived UUID).
     pub fn content_hash(&self) -> [u8; 16] {

@@ -69,19 +69,21 @@ pub fn build(
     // so: when anything is compressed (which any compressed record makes true).
     let big_inner = plan.cfg.needed;
     let n = tree.nodes.len();
-    let mut data = vec![0u8; (inner.blocks * bs) as usize];
-    let mut len = 0usize;
-    for (id, layout) in layouts.iter().enumerate().take(n) {
-        if Some(id) == packed {
-            continue;
-        }
+    // The metabox inode's data: the records in place order, streamed to a scratch file
+    // (held whole it would hold every inline tail a second time), zeros between them,
+    // up to the end of the last.
+    let scratch = out.spool("metabox")?;
+    let spath = scratch.path().to_path_buf();
+    let mut order: Vec<usize> = (0..n).filter(|&id| Some(id) != packed).collect();
+    order.sort_unstable_by_key(|&id| inner.pos[id]);
+    let mut sink = write::FileSink(scratch.as_file(), &spath);
+    let mut w = write::Window::new(&mut sink, 0);
+    for id in order {
         let p = inner.pos[id];
-        let rec = write::record_at(tree, plan, id, layout, p, big_inner)?;
-        let p = p as usize;
-        data[p..p + rec.len()].copy_from_slice(&rec);
-        len = len.max(p + rec.len());
+        let rec = write::record_at(tree, plan, id, &layouts[id], p, big_inner)?;
+        w.put(p, &rec)?;
     }
-    data.truncate(len);
+    let size = w.finish(0)?;
     for b in &blobs.blobs {
         out.write_at(b.startblk * bs, &b.bytes)?;
     }
@@ -93,11 +95,6 @@ pub fn build(
 
     // The metabox inode: a regular file of the metadata bytes, stored like file data.
     let id = n;
-    let scratch = out.spool("metabox")?;
-    let spath = scratch.path().to_path_buf();
-    std::io::Write::write_all(&mut scratch.as_file(), &data)
-        .map_err(io_err(&spath, "metabox: write"))?;
-    let size = data.len() as u64;
     tree.nodes.push(Node::internal_file(
         spath.clone(),
         size,
@@ -156,7 +153,11 @@ pub fn build(
                 buf: Vec::new(),
                 chunks: None,
             };
-            let d = dw.store_bytes(&data, inline_tail)?;
+            let d = dw.store_file(
+                &crate::source::Source::Path(spath.clone()),
+                size,
+                inline_tail,
+            )?;
             (d.into(), dw.next_blk)
         }
     };

@@ -13,20 +13,50 @@ use crate::record;
 use crate::sb;
 use crate::scan::{InodeId, Tree};
 
-/// Writes a region of the image from its start, in increasing positions, zeros in the
-/// gaps, in pieces of at most [`Window::CAP`] bytes, hashed as one write of the whole.
-struct Window<'a> {
-    out: &'a mut Out,
+/// Where a [`Window`] writes: the image (hashed as one write of the whole run), or a
+/// scratch file.
+pub trait Sink {
+    fn start(&mut self, off: u64);
+    fn piece(&mut self, at: u64, data: &[u8]) -> Result<()>;
+}
+
+impl Sink for Out {
+    fn start(&mut self, off: u64) {
+        self.run_start(off);
+    }
+    fn piece(&mut self, at: u64, data: &[u8]) -> Result<()> {
+        self.run_piece(at, data)
+    }
+}
+
+/// A scratch file (the metabox inode's data) and its path, for errors.
+pub struct FileSink<'a>(pub &'a std::fs::File, pub &'a std::path::Path);
+
+impl Sink for FileSink<'_> {
+    fn start(&mut self, _: u64) {}
+    fn piece(&mut self, at: u64, data: &[u8]) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.0
+            .write_all_at(data, at)
+            .map_err(io_err(self.1, "metabox: write"))
+    }
+}
+
+/// Writes a region from its start, in increasing positions, zeros in the gaps, in
+/// pieces of at most [`Window::CAP`] bytes: a region of metadata records is never held
+/// whole (it would hold every inline tail a second time).
+pub struct Window<'a, S: Sink> {
+    out: &'a mut S,
     buf: Vec<u8>,
     /// Where `buf` starts.
     at: u64,
 }
 
-impl<'a> Window<'a> {
+impl<'a, S: Sink> Window<'a, S> {
     const CAP: usize = 8 << 20;
 
-    fn new(out: &'a mut Out, start: u64) -> Self {
-        out.run_start(start);
+    pub fn new(out: &'a mut S, start: u64) -> Self {
+        out.start(start);
         Window {
             out,
             buf: Vec::new(),
@@ -36,7 +66,7 @@ impl<'a> Window<'a> {
 
     fn flush(&mut self) -> Result<()> {
         if !self.buf.is_empty() {
-            self.out.run_piece(self.at, &self.buf)?;
+            self.out.piece(self.at, &self.buf)?;
             self.at += self.buf.len() as u64;
             self.buf.clear();
         }
@@ -58,7 +88,7 @@ impl<'a> Window<'a> {
     }
 
     /// `data` at byte `pos` (not before what was put already).
-    fn put(&mut self, pos: u64, data: &[u8]) -> Result<()> {
+    pub fn put(&mut self, pos: u64, data: &[u8]) -> Result<()> {
         let end = self.at + self.buf.len() as u64;
         if pos < end {
             return Err(BuildError::Options(format!(
@@ -73,10 +103,12 @@ impl<'a> Window<'a> {
         Ok(())
     }
 
-    /// Zeros up to `end`, and everything out.
-    fn finish(mut self, end: u64) -> Result<()> {
+    /// Zeros up to `end` (nothing more when it is 0), and everything out; returns
+    /// where the written bytes end.
+    pub fn finish(mut self, end: u64) -> Result<u64> {
         self.zeros_to(end)?;
-        self.flush()
+        self.flush()?;
+        Ok(self.at)
     }
 }
 

@@ -74,7 +74,7 @@ pub fn place(
         layouts[id] = if inline {
             Layout::Inline {
                 startblk,
-                tail: bytes[full as usize..].to_vec(),
+                tail: crate::layout::Tail::mem(bytes[full as usize..].to_vec()),
             }
         } else {
             Layout::Plain {

@@ -191,7 +191,7 @@ impl ChunkStore {
                     return Ok(FileData::Flat {
                         startblk: if nblocks > 0 { first } else { 0 },
                         nblocks,
-                        tail,
+                        tail: out.keep_tail(tail)?,
                     });
                 }
             }
@@ -201,7 +201,7 @@ impl ChunkStore {
             return Ok(FileData::Flat {
                 startblk: first,
                 nblocks: size.div_ceil(bs),
-                tail: Vec::new(),
+                tail: Default::default(),
             });
         }
         let base_rel = (cbits - u32::from(bits)) as u8;

@@ -17,7 +17,7 @@ pub enum FileData {
     Flat {
         startblk: u64,
         nblocks: u64,
-        tail: Vec<u8>,
+        tail: crate::layout::Tail,
     },
     /// Chunk-based: chunk size = blksz << `chunk_rel`; block map (u32::MAX = hole),
     /// written as 8-byte chunk indexes when `indexes`.
@@ -122,7 +122,7 @@ impl DataWriter<'_> {
         Ok(FileData::Flat {
             startblk,
             nblocks: body.div_ceil(bs),
-            tail,
+            tail: self.out.keep_tail(tail)?,
         })
     }
 
@@ -154,7 +154,7 @@ impl DataWriter<'_> {
         Ok(FileData::Flat {
             startblk: if body.is_empty() { 0 } else { startblk },
             nblocks: (body.len() as u64).div_ceil(bs),
-            tail: tail.to_vec(),
+            tail: self.out.keep_tail(tail.to_vec())?,
         })
     }
 
@@ -205,7 +205,7 @@ impl DataWriter<'_> {
             return Ok(Some(FileData::Flat {
                 startblk: u64::from(first),
                 nblocks: size.div_ceil(bs),
-                tail: Vec::new(),
+                tail: Default::default(),
             }));
         }
         Ok(Some(FileData::Chunked {

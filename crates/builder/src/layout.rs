@@ -2,17 +2,89 @@
 //! the directory/symlink blocks to the metadata records.
 
 use crate::data::FileData;
+use crate::options::*;
 use crate::zdata::{Stored, ZFile};
+use std::borrow::Cow;
+use std::sync::Arc;
+
+/// Bytes that go behind an inode (an inline tail): in memory, or, once a build's tails
+/// pass a budget, in a scratch file (so that memory does not grow with a tree of many
+/// small files: their tails are most of their data).
+#[derive(Debug, Clone, Default)]
+pub struct Tail(TailAt);
+
+#[derive(Debug, Clone)]
+enum TailAt {
+    Mem(Vec<u8>),
+    Spool {
+        file: Arc<tempfile::NamedTempFile>,
+        off: u64,
+        len: u32,
+    },
+}
+
+impl Default for TailAt {
+    fn default() -> Self {
+        TailAt::Mem(Vec::new())
+    }
+}
+
+/// Equal bytes (for tests and assertions; a tail that cannot be read equals nothing).
+impl PartialEq for Tail {
+    fn eq(&self, other: &Self) -> bool {
+        match (self.bytes(), other.bytes()) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Tail {}
+
+impl Tail {
+    /// Bytes kept in memory.
+    pub fn mem(bytes: Vec<u8>) -> Self {
+        Tail(TailAt::Mem(bytes))
+    }
+
+    /// `len` bytes at `off` of a scratch file.
+    pub fn spooled(file: Arc<tempfile::NamedTempFile>, off: u64, len: u32) -> Self {
+        Tail(TailAt::Spool { file, off, len })
+    }
+
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            TailAt::Mem(v) => v.len(),
+            TailAt::Spool { len, .. } => *len as usize,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes (read back from the scratch file when they are there).
+    pub fn bytes(&self) -> Result<Cow<'_, [u8]>> {
+        match &self.0 {
+            TailAt::Mem(v) => Ok(Cow::Borrowed(v)),
+            TailAt::Spool { file, off, len } => {
+                use std::os::unix::fs::FileExt;
+                let mut b = vec![0u8; *len as usize];
+                file.as_file()
+                    .read_exact_at(&mut b, *off)
+                    .map_err(io_err(file.path(), "read inline tails"))?;
+                Ok(Cow::Owned(b))
+            }
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub enum Layout {
     /// FLAT_PLAIN with blocks from `startblk` (or none: 0).
     Plain { startblk: u64 },
     /// FLAT_INLINE: full blocks from startblk (None if none), tail behind the inode.
-    Inline {
-        startblk: Option<u64>,
-        tail: Vec<u8>,
-    },
+    Inline { startblk: Option<u64>, tail: Tail },
     /// CHUNK_BASED: chunk size = block size << `chunk_rel`, block map (u32::MAX = hole),
     /// or the same start blocks as 8-byte chunk indexes on the primary device
     /// (`indexes`).

@@ -160,6 +160,14 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
         ));
     }
     let mut out = out::Out::create(output, o.output_offset)?;
+    // Inline tails (most of the data of a tree of small files) wait for the metadata
+    // stage in memory up to an eighth of the memory limit, then in a scratch file: 200,000
+    // files of 0.1-4 KB took 539 MB of peak RSS with every tail in memory, 202 MB with
+    // 64 MiB of them.
+    out.set_tail_budget(match o.memory_limit {
+        0 => u64::MAX,
+        m => m / 8,
+    });
     let mut placed = place::store_data(&tree, &plan, o, &mut out)?;
     if let (Some(id), Some(p)) = (tree.packed, &placed.packed) {
         plan.set_file_size(id, p.size);

@@ -5,6 +5,7 @@ use crate::options::*;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use xxhash_rust::xxh3::Xxh3;
 
 pub struct Out {
@@ -20,6 +21,12 @@ pub struct Out {
     /// Writing straight into a block device of this many bytes: no temporary file and
     /// no rename.
     device: Option<u64>,
+    /// Inline tail bytes kept in memory so far, and the scratch file the rest go to
+    /// (with its length).
+    tails_in_memory: u64,
+    tail_spool: Option<(Arc<tempfile::NamedTempFile>, u64)>,
+    /// Inline tail bytes kept in memory before the rest go to a scratch file.
+    tail_budget: u64,
 }
 
 /// How big the superblock's block is at most: zeroed first on a device.
@@ -69,6 +76,9 @@ impl Out {
             done: false,
             base,
             device: None,
+            tails_in_memory: 0,
+            tail_spool: None,
+            tail_budget: u64::MAX,
         })
     }
 
@@ -91,6 +101,9 @@ impl Out {
             done: false,
             base,
             device: Some(size),
+            tails_in_memory: 0,
+            tail_spool: None,
+            tail_budget: u64::MAX,
         };
         out.fits(0, SB_BLOCK as u64)?;
         out.file
@@ -150,6 +163,35 @@ impl Out {
         self.file
             .write_all_at(data, pos)
             .map_err(io_err(&self.tmp, "write output"))
+    }
+
+    /// Inline tails beyond `bytes` go to a scratch file (default: none do).
+    pub fn set_tail_budget(&mut self, bytes: u64) {
+        self.tail_budget = bytes;
+    }
+
+    /// Keep `bytes`, an inline tail, until the metadata is written: in memory up to the
+    /// budget, then in a scratch file beside the output.
+    pub fn keep_tail(&mut self, bytes: Vec<u8>) -> Result<crate::layout::Tail> {
+        let len = bytes.len() as u64;
+        if self.tails_in_memory + len <= self.tail_budget {
+            self.tails_in_memory += len;
+            return Ok(crate::layout::Tail::mem(bytes));
+        }
+        if self.tail_spool.is_none() {
+            self.tail_spool = Some((Arc::new(self.spool("tails")?), 0));
+        }
+        let Some((file, end)) = self.tail_spool.as_mut() else {
+            return Err(BuildError::Options("internal: no tail spool".into()));
+        };
+        file.as_file()
+            .write_all_at(&bytes, *end)
+            .map_err(io_err(file.path(), "write inline tails"))?;
+        let len32 = u32::try_from(len)
+            .map_err(|_| BuildError::Options("internal: inline tail over 4 GiB".into()))?;
+        let t = crate::layout::Tail::spooled(file.clone(), *end, len32);
+        *end += len;
+        Ok(t)
     }
 
     /// 128-bit hash of everything written so far (xxh3: fast, not cryptographic —

@@ -93,7 +93,7 @@ pub fn encode(
     };
     rec.extend_from_slice(area);
     match (layout, mapping) {
-        (Layout::Inline { tail, .. }, _) => rec.extend_from_slice(tail),
+        (Layout::Inline { tail, .. }, _) => rec.extend_from_slice(&tail.bytes()?),
         (
             Layout::Chunked {
                 map, indexes: true, ..

@@ -419,3 +419,40 @@ fn records_cross_block_boundaries() {
         ok(&[&"check", &img]);
     }
 }
+
+/// Inline tails past an eighth of `--memory-limit` wait for the metadata stage in a
+/// scratch file, not in memory: the image is the same byte for byte, and the kernel
+/// reads it.
+#[test]
+fn inline_tails_past_the_budget_give_the_same_image() {
+    let (fs, tree) = make_tree();
+    // 200 files whose tails (100-3,900 bytes, 400 KB in all) go inline: more than the
+    // 128 KiB a 1 MiB limit keeps in memory.
+    let dir = tree.join("tails");
+    std::fs::create_dir(&dir).expect("mkdir");
+    for i in 0..200u64 {
+        let n = 100 + (i * 379) % 3800;
+        std::fs::write(
+            dir.join(format!("t{i}")),
+            ferofs_testkit::noise(n as usize, 2 * i + 2),
+        )
+        .expect("write");
+    }
+    for extra in [&["-z", "none"][..], &["-z", "lz4"], &["-z", "lz4hc", "-m"]] {
+        let a = fs.path().join("a.erofs");
+        let b = fs.path().join("b.erofs");
+        build(&tree, &a, extra);
+        // 1 MiB: 128 KiB of tails in memory, the make-tree tree has more.
+        let mut small = extra.to_vec();
+        small.extend(["--memory-limit", "1m"]);
+        build(&tree, &b, &small);
+        assert!(
+            std::fs::read(&a).expect("read") == std::fs::read(&b).expect("read"),
+            "{extra:?}: the image changed with the tails in a scratch file"
+        );
+        if kernel_available("inline_tails_past_the_budget_give_the_same_image") {
+            let m = Mount::erofs(&b);
+            assert_same_tree(&tree, m.path());
+        }
+    }
+}

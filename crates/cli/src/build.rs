@@ -127,8 +127,11 @@ pub struct BuildArgs {
     /// pcluster size), `all-fragments[=BYTES]` (every file in the packed inode), `dedupe`
     /// (identical data stored once), `48bit` (the 48-bit layout, Linux 6.15+: compact
     /// 32-byte inodes keep per-file mtimes), `dot-omitted` (no "." directory entries;
-    /// implies 48bit), `noinline_data` (= `^inline_data`), and the preset `smallest`
-    /// (= `ztailpacking,fragments,dedupe`: the smallest image Linux 6.1+ mounts).
+    /// implies 48bit), `noinline_data` (= `^inline_data`), `force-inode-compact` (implies
+    /// --ignore-mtime), `force-inode-extended`, `nosbcrc` (no superblock checksum),
+    /// `force-chunk-indexes` / `force-inode-blockmap` (with --chunksize), and the preset
+    /// `smallest` (= `ztailpacking,fragments,dedupe`: the smallest image Linux 6.1+
+    /// mounts).
     #[arg(short = 'E', value_name = "OPTS")]
     extended: Vec<String>,
     /// Metadata compression (Linux 6.17+): every inode, with its xattrs, inline tail and

@@ -135,10 +135,7 @@ impl ChunkStore {
             cbits += 1;
         }
         if let Some(s) = &segs {
-            let ext: Vec<(u64, u64)> = s
-                .iter()
-                .map(|&(a, e)| (a / bs * bs, e.div_ceil(bs) * bs))
-                .collect();
+            let ext = crate::data::block_extents(s, bs);
             let rel = crate::data::sparse_chunk_rel(&ext, size, bits, path)?;
             cbits = cbits.min(u32::from(bits) + rel);
         }

@@ -168,11 +168,7 @@ impl DataWriter<'_> {
     ) -> Result<Option<FileData>> {
         let bits = self.blkszbits;
         let bs = self.blksz();
-        // Block-aligned data extents.
-        let ext: Vec<(u64, u64)> = segs
-            .iter()
-            .map(|&(s, e)| (s / bs * bs, e.div_ceil(bs) * bs))
-            .collect();
+        let ext = block_extents(segs, bs);
         let rounded = size.div_ceil(bs) * bs;
         let rel = sparse_chunk_rel(&ext, size, bits, f.path())?;
         let cs = bs << rel;
@@ -214,6 +210,13 @@ impl DataWriter<'_> {
             indexes: false,
         }))
     }
+}
+
+/// A file's data segments widened to whole blocks of `bs` bytes.
+pub(crate) fn block_extents(segs: &[(u64, u64)], bs: u64) -> Vec<(u64, u64)> {
+    segs.iter()
+        .map(|&(s, e)| (s / bs * bs, e.div_ceil(bs) * bs))
+        .collect()
 }
 
 /// The chunk size for a sparse file with block-aligned data extents `ext`: the power

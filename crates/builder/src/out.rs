@@ -133,16 +133,15 @@ impl Out {
 
     /// Write `data` at byte `off`; hashed in call order (which is deterministic).
     pub fn write_at(&mut self, off: u64, data: &[u8]) -> Result<()> {
-        self.fits(off, data.len() as u64)?;
-        self.hasher.update(&off.to_le_bytes());
-        self.hasher.update(data);
-        let at = self
-            .base
+        self.run_start(off);
+        self.run_piece(off, data)
+    }
+
+    /// Where image offset `off` lies in the file.
+    fn in_file(&self, off: u64) -> Result<u64> {
+        self.base
             .checked_add(off)
-            .ok_or_else(|| BuildError::TooLarge("output offset".into()))?;
-        self.file
-            .write_all_at(data, at)
-            .map_err(io_err(&self.tmp, "write output"))
+            .ok_or_else(|| BuildError::TooLarge("output offset".into()))
     }
 
     /// Write `data` at byte `off` in pieces: `start(off)` once, then `piece(bytes)`
@@ -156,10 +155,7 @@ impl Out {
     pub fn run_piece(&mut self, at: u64, data: &[u8]) -> Result<()> {
         self.fits(at, data.len() as u64)?;
         self.hasher.update(data);
-        let pos = self
-            .base
-            .checked_add(at)
-            .ok_or_else(|| BuildError::TooLarge("output offset".into()))?;
+        let pos = self.in_file(at)?;
         self.file
             .write_all_at(data, pos)
             .map_err(io_err(&self.tmp, "write output"))
@@ -202,10 +198,7 @@ impl Out {
 
     /// Read back `buf.len()` bytes written at `off`.
     pub fn read_at(&self, off: u64, buf: &mut [u8]) -> Result<()> {
-        let at = self
-            .base
-            .checked_add(off)
-            .ok_or_else(|| BuildError::TooLarge("output offset".into()))?;
+        let at = self.in_file(off)?;
         self.file
             .read_exact_at(buf, at)
             .map_err(io_err(&self.tmp, "read output"))
@@ -243,10 +236,7 @@ impl Out {
         if self.device.is_some() {
             return self.fits(0, len);
         }
-        let end = self
-            .base
-            .checked_add(len)
-            .ok_or_else(|| BuildError::TooLarge("output offset".into()))?;
+        let end = self.in_file(len)?;
         self.file
             .set_len(end)
             .map_err(io_err(&self.tmp, "size output"))

@@ -970,12 +970,7 @@ pub fn run(a: CheckArgs) -> Result<bool> {
                     println!("{}", p.line());
                 }
             }
-            if e.corrupt_kind() == Some(CorruptKind::BadMagic) {
-                if let Some(h) = crate::source::where_is_the_image(&a.image) {
-                    anyhow::bail!("cannot open image {}: {e}\nhint: {h}", a.image.display());
-                }
-            }
-            anyhow::bail!("cannot open image {}: {e}", a.image.display());
+            return Err(crate::source::cannot_open(&a.image, e));
         }
     };
     let image_len = img.source().size()?;

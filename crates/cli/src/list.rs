@@ -11,14 +11,7 @@ use std::path::Path;
 pub fn open(image: &Path) -> Result<Image> {
     let src = crate::source::open_src(image)
         .with_context(|| format!("cannot open image {}", image.display()))?;
-    Image::new(src).map_err(|e| {
-        if e.corrupt_kind() == Some(ferofs_reader::CorruptKind::BadMagic) {
-            if let Some(h) = crate::source::where_is_the_image(image) {
-                return anyhow::anyhow!("cannot open image {}: {e}\nhint: {h}", image.display());
-            }
-        }
-        anyhow::Error::new(e).context(format!("cannot open image {}", image.display()))
-    })
+    Image::new(src).map_err(|e| crate::source::cannot_open(image, e))
 }
 
 fn lookup(img: &Image, path: &str) -> Result<Inode> {

@@ -17,12 +17,8 @@ use std::time::Duration;
 /// An image's bytes.
 #[derive(Debug)]
 pub enum Src {
-    /// A file or block device, the image `len` bytes from byte `offset` (`--offset`).
-    File {
-        file: std::fs::File,
-        offset: u64,
-        len: u64,
-    },
+    /// A file or block device, the image from byte `--offset` on.
+    File(ferofs_mount::OffsetFile),
     Remote(Arc<Remote>),
 }
 
@@ -33,30 +29,13 @@ impl Source for Src {
     #[inline]
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         match self {
-            Src::File {
-                file, offset: 0, ..
-            } => std::os::unix::fs::FileExt::read_exact_at(file, buf, offset),
-            Src::File {
-                file,
-                offset: base,
-                len,
-            } => {
-                // Within the image: a read past its end is short, as for a file.
-                offset
-                    .checked_add(buf.len() as u64)
-                    .filter(|&e| e <= *len)
-                    .ok_or(io::ErrorKind::UnexpectedEof)?;
-                let at = base
-                    .checked_add(offset)
-                    .ok_or(io::ErrorKind::UnexpectedEof)?;
-                std::os::unix::fs::FileExt::read_exact_at(file, buf, at)
-            }
+            Src::File(f) => f.read_exact_at(buf, offset),
             Src::Remote(r) => r.read_exact_at(buf, offset),
         }
     }
     fn size(&self) -> io::Result<u64> {
         match self {
-            Src::File { len, .. } => Ok(*len),
+            Src::File(f) => f.size(),
             Src::Remote(r) => r.size(),
         }
     }
@@ -194,16 +173,22 @@ pub fn open_src(image: &Path) -> Result<Src> {
         }
         _ => {
             let file = std::fs::File::open(image).with_context(|| image.display().to_string())?;
-            let size = ferofs_reader::source::file_len(&file)
-                .with_context(|| image.display().to_string())?;
-            let len = size.checked_sub(offset).with_context(|| {
-                format!(
-                    "{}: --offset {offset} is past its end ({size} bytes)",
-                    image.display()
-                )
-            })?;
-            Ok(Src::File { file, offset, len })
+            let f = ferofs_mount::OffsetFile::new(file, offset)
+                .with_context(|| format!("{}: --offset", image.display()))?;
+            Ok(Src::File(f))
         }
+    }
+}
+
+/// "cannot open image IMAGE: ERROR", with a hint of where the image is when the error
+/// is that there is no superblock where one was looked for.
+pub fn cannot_open(image: &Path, e: ferofs_reader::Error) -> anyhow::Error {
+    let hint = (e.corrupt_kind() == Some(ferofs_reader::CorruptKind::BadMagic))
+        .then(|| where_is_the_image(image))
+        .flatten();
+    match hint {
+        Some(h) => anyhow::anyhow!("cannot open image {}: {e}\nhint: {h}", image.display()),
+        None => anyhow::Error::new(e).context(format!("cannot open image {}", image.display())),
     }
 }
 

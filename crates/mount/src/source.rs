@@ -55,7 +55,7 @@ impl OffsetFile {
         let len = size.checked_sub(offset).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("offset {offset} is past the end of the file ({size} bytes)"),
+                format!("offset {offset} is past its end ({size} bytes)"),
             )
         })?;
         Ok(OffsetFile {

@@ -153,7 +153,28 @@ pub fn apply_time_policy(tree: &mut Tree, o: &BuildOptions) -> i64 {
             n.mtime_nsec = 0;
         }
     }
+    if o.inode_version == InodeVersion::Compact && o.layout48() {
+        // `-E force-inode-compact` in the 48-bit layout: every mtime to the second, and
+        // into the 2^32 s a compact inode reaches (see `plan`); outside the layout the
+        // option implies --ignore-mtime instead.
+        let epoch = epoch48(build_time);
+        let last = epoch.saturating_add(i64::from(u32::MAX));
+        for n in &mut tree.nodes {
+            n.mtime = n.mtime.clamp(epoch, last);
+            n.mtime_nsec = 0;
+        }
+    }
     build_time
+}
+
+/// The 48-bit layout's epoch for `build_time`: compact inodes hold mtimes from it up to
+/// 2^32-1 s after it, so it lies that far before the build time (never before 1970 nor
+/// after the build time: the superblock's fields are unsigned).
+fn epoch48(build_time: i64) -> i64 {
+    build_time
+        .saturating_sub(i64::from(u32::MAX))
+        .max(0)
+        .min(build_time)
 }
 
 /// The mtime in whole seconds that most inodes of `tree` have; ties go to the newest.
@@ -186,11 +207,7 @@ pub fn plan(tree: &Tree, build_time: i64, o: &BuildOptions) -> Result<Plan> {
     // `fixed_nsec` is 0). Never a wrapped or rounded mtime, unlike mkfs.erofs 1.9.3.
     let layout48 = o.layout48();
     let epoch = if layout48 {
-        // Not after the build time (the superblock's build_time field is unsigned).
-        build_time
-            .saturating_sub(i64::from(u32::MAX))
-            .max(0)
-            .min(build_time)
+        epoch48(build_time)
     } else {
         build_time
     };

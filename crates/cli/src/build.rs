@@ -128,7 +128,7 @@ pub struct BuildArgs {
     /// (identical data stored once), `48bit` (the 48-bit layout, Linux 6.15+: compact
     /// 32-byte inodes keep per-file mtimes), `dot-omitted` (no "." directory entries;
     /// implies 48bit), `noinline_data` (= `^inline_data`), `force-inode-compact` (implies
-    /// --ignore-mtime), `force-inode-extended`, `nosbcrc` (no superblock checksum),
+    /// --ignore-mtime; with 48bit mtimes are kept to the second), `force-inode-extended`, `nosbcrc` (no superblock checksum),
     /// `force-chunk-indexes` / `force-inode-blockmap` (with --chunksize), and the preset
     /// `smallest` (= `ztailpacking,fragments,dedupe`: the smallest image Linux 6.1+
     /// mounts).
@@ -348,9 +348,10 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
     o.layout48 = ext.layout48;
     o.dot_omitted = ext.dot_omitted;
     o.inode_version = ext.inode_version;
-    if ext.inode_version == InodeVersion::Compact {
-        // A compact inode has no mtime of its own (outside the 48-bit layout): as
-        // mkfs.erofs, the option implies --ignore-mtime.
+    if ext.inode_version == InodeVersion::Compact && !o.layout48() {
+        // A compact inode has no mtime of its own outside the 48-bit layout: as
+        // mkfs.erofs, the option implies --ignore-mtime. In the layout each keeps its
+        // mtime to the second (the builder's time policy).
         o.ignore_mtime = true;
     }
     o.sb_checksum = ext.sb_checksum;

@@ -456,3 +456,79 @@ fn inline_tails_past_the_budget_give_the_same_image() {
         }
     }
 }
+
+/// Rewrite make-tree's tree in place into what a compact-only image can show: ids past
+/// 65535 become 65535 and every mtime becomes `argv[2]` seconds, or (argv[2] "48bit")
+/// is cut to the second and clamped at 1970, or (argv[2] "ids") stays (what `-E 48bit,force-inode-compact` keeps
+/// when the newest mtime is 2^32-1, as in make-tree's tree).
+const COMPACT_VIEW: &str = r#"
+import os, sys
+root, mode = sys.argv[1], sys.argv[2]
+def fix(p):
+    st = os.lstat(p)
+    os.lchown(p, min(st.st_uid, 65535), min(st.st_gid, 65535))
+    if mode == "ids":
+        return
+    s = max(0, st.st_mtime_ns // 10**9) if mode == "48bit" else int(mode)
+    os.utime(p, ns=(s * 10**9, s * 10**9), follow_symlinks=False)
+for d, dirs, files in os.walk(root, topdown=False):
+    for n in files + dirs:
+        fix(os.path.join(d, n))
+fix(root)
+"#;
+
+/// `-E force-inode-extended`, `-E nosbcrc` and `-E force-inode-compact` (with and
+/// without the 48-bit layout) give images the kernel mounts as the tree, inode by
+/// inode in the form asked.
+#[test]
+fn inode_forms_and_nosbcrc_mount_with_the_kernel() {
+    if !kernel_available("inode_forms_and_nosbcrc_mount_with_the_kernel") {
+        return;
+    }
+    let (fs, tree) = make_tree();
+    let img = fs.path().join("forms.erofs");
+    let x = fs.path().join("x");
+    let form = |img: &std::path::Path, p: &str| {
+        json(&ok(&[&"stat", &"--json", &img, &p]))["inode_format"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let probes = ["/", "/owners", "/times/ns-123456789", "/data/sparse-100MiB.img"];
+
+    build(&tree, &img, &["-E", "force-inode-extended,nosbcrc"]);
+    let info = json(&ok(&[&"inspect", &"--json", &img]));
+    assert!(
+        !info["feature_compat"].to_string().contains("sb_csum"),
+        "{info}"
+    );
+    assert_image_holds(&img, &tree, &x, "force-inode-extended,nosbcrc");
+    for p in probes {
+        assert_eq!(form(&img, p), "extended", "{p}");
+    }
+
+    // Compact in the 48-bit layout: mtimes kept to the second.
+    let view = |mode: &str| {
+        ferofs_testkit::run(
+            Command::new("python3")
+                .args(["-c", COMPACT_VIEW])
+                .arg(&tree)
+                .arg(mode),
+        )
+    };
+    // Built before the mtimes are rewritten: those with nanoseconds come out cut.
+    view("ids");
+    build(&tree, &img, &["-E", "48bit,force-inode-compact"]);
+    view("48bit");
+    assert_image_holds(&img, &tree, &x, "48bit,force-inode-compact");
+    for p in probes {
+        assert_eq!(form(&img, p), "compact", "{p}");
+    }
+    // Outside the layout every mtime is the build time.
+    build(&tree, &img, &["-T", "1700000000", "-E", "force-inode-compact"]);
+    view("1700000000");
+    assert_image_holds(&img, &tree, &x, "force-inode-compact");
+    for p in probes {
+        assert_eq!(form(&img, p), "compact", "{p}");
+    }
+}

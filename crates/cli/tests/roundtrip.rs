@@ -494,7 +494,12 @@ fn inode_forms_and_nosbcrc_mount_with_the_kernel() {
             .unwrap_or_default()
             .to_string()
     };
-    let probes = ["/", "/owners", "/times/ns-123456789", "/data/sparse-100MiB.img"];
+    let probes = [
+        "/",
+        "/owners",
+        "/times/ns-123456789",
+        "/data/sparse-100MiB.img",
+    ];
 
     build(&tree, &img, &["-E", "force-inode-extended,nosbcrc"]);
     let info = json(&ok(&[&"inspect", &"--json", &img]));
@@ -525,7 +530,11 @@ fn inode_forms_and_nosbcrc_mount_with_the_kernel() {
         assert_eq!(form(&img, p), "compact", "{p}");
     }
     // Outside the layout every mtime is the build time.
-    build(&tree, &img, &["-T", "1700000000", "-E", "force-inode-compact"]);
+    build(
+        &tree,
+        &img,
+        &["-T", "1700000000", "-E", "force-inode-compact"],
+    );
     view("1700000000");
     assert_image_holds(&img, &tree, &x, "force-inode-compact");
     for p in probes {

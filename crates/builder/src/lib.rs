@@ -55,6 +55,7 @@ mod progress;
 mod record;
 mod sb;
 pub mod scan;
+pub mod selabel;
 mod shift;
 mod similar;
 pub mod source;
@@ -144,6 +145,10 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
             n.xattrs
                 .retain(|(k, _)| o.aufs && k.as_slice() == b"trusted.overlay.opaque");
         }
+    }
+    if let Some(fc) = &o.file_contexts {
+        use std::os::unix::ffi::OsStrExt;
+        selabel::label(&mut tree, fc, o.mount_point.as_os_str().as_bytes());
     }
     if o.fsverity_digests {
         fsverity::add_digests(&mut tree, o.worker_threads())?;

@@ -32,6 +32,11 @@ pub struct BuildOptions {
     pub hard_dereference: bool,
     /// `--no-xattrs`: the source's xattrs (ACLs included) are left out.
     pub no_xattrs: bool,
+    /// `--file-contexts`: SELinux labels (`security.selinux`) by path and type,
+    /// replacing the source's.
+    pub file_contexts: Option<std::sync::Arc<crate::selabel::FileContexts>>,
+    /// `--mount-point`: where the image is mounted, for the file contexts' paths.
+    pub mount_point: PathBuf,
     /// Paths relative to the source root; a directory excludes its subtree.
     pub exclude_paths: Vec<PathBuf>,
     /// Matched against the path relative to the source root (no leading '/').
@@ -169,6 +174,8 @@ impl Default for BuildOptions {
             hard_dereference: false,
             no_xattrs: false,
             force_gid: None,
+            file_contexts: None,
+            mount_point: PathBuf::new(),
             exclude_paths: Vec::new(),
             exclude_regex: Vec::new(),
             label: None,

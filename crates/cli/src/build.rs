@@ -70,6 +70,17 @@ pub struct BuildArgs {
     /// Leave the source's xattrs out (ACLs and SELinux labels too).
     #[arg(long)]
     no_xattrs: bool,
+    /// SELinux labels: give every file the `security.selinux` context that this
+    /// file_contexts file (text form: `REGEX [TYPE] CONTEXT` lines) selects for its path
+    /// and type, in place of the source's label (as mkfs.erofs's `--file-contexts`:
+    /// plain paths beat regexes, else the last match in the file wins; `<<none>>`: no
+    /// label). Paths are `/MOUNT-POINT/PATH` (see --mount-point).
+    #[arg(long, value_name = "FILE")]
+    file_contexts: Option<PathBuf>,
+    /// Where the image will be mounted (e.g. `/system`): the prefix of the paths
+    /// looked up in --file-contexts. Default: `/`.
+    #[arg(long, value_name = "PATH", requires = "file_contexts")]
+    mount_point: Option<PathBuf>,
     /// Leave out this path (relative to the source; repeatable).
     #[arg(long, value_name = "PATH")]
     exclude_path: Vec<PathBuf>,
@@ -314,6 +325,14 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
     o.gid_offset = a.gid_offset;
     o.hard_dereference = a.hard_dereference;
     o.no_xattrs = a.no_xattrs;
+    if let Some(f) = &a.file_contexts {
+        o.file_contexts = Some(std::sync::Arc::new(
+            ferofs_builder::selabel::FileContexts::load(f)?,
+        ));
+        if let Some(m) = &a.mount_point {
+            o.mount_point = ferofs_builder::selabel::mount_point(m);
+        }
+    }
     o.exclude_paths = a.exclude_path.clone();
     for r in &a.exclude_regex {
         o.exclude_regex

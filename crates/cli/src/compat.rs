@@ -12,9 +12,7 @@ use anyhow::{bail, Result};
 use std::ffi::OsString;
 
 /// mkfs.erofs options ferofs knows but does not implement (a clear error).
-const UNSUPPORTED_LONG: [&str; 13] = [
-    "mount-point",
-    "file-contexts",
+const UNSUPPORTED_LONG: [&str; 11] = [
     "max-extent-bytes",
     "blobdev",
     "dsunit",
@@ -29,7 +27,9 @@ const UNSUPPORTED_LONG: [&str; 13] = [
 ];
 
 /// Long options whose value may be the next argument.
-const LONG_WITH_VALUE: [&str; 13] = [
+const LONG_WITH_VALUE: [&str; 15] = [
+    "file-contexts",
+    "mount-point",
     "async-queue-limit",
     "force-uid",
     "force-gid",
@@ -58,6 +58,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
     let mut metabox: Option<String> = None;
     let mut mkfs_time = false;
     let mut chunksize: Option<String> = None;
+    let mut mount_point: Option<String> = None;
     let mut i = 0;
     // Bounded: every pass consumes at least one argument.
     while i < args.len() {
@@ -118,13 +119,16 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                     bail!("mkfs.erofs: --{name}=FILE (dumping the raw stream) is not implemented by ferofs")
                 }
                 "force-uid" | "force-gid" | "uid-offset" | "gid-offset" | "exclude-path"
-                | "exclude-regex" | "compress-hints" | "offset" | "fsalignblks" => {
+                | "exclude-regex" | "compress-hints" | "offset" | "fsalignblks"
+                | "file-contexts" => {
                     let v = value()?;
                     out.push(format!("--{name}").into());
                     out.push(v.into());
                 }
                 // Kept until the end: it applies to uncompressed images only.
                 "chunksize" => chunksize = Some(value()?),
+                // Only the file contexts' paths use it (outside Android builds).
+                "mount-point" => mount_point = Some(value()?),
                 "workers" => {
                     let v = value()?;
                     out.push("-j".into());
@@ -230,6 +234,10 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
             continue;
         }
         pos.push(raw.clone());
+    }
+    if let Some(m) = mount_point.filter(|_| out.iter().any(|a| a == "--file-contexts")) {
+        out.push("--mount-point".into());
+        out.push(m.into());
     }
     if let Some(cs) = chunksize {
         if compress {
@@ -601,9 +609,30 @@ mod tests {
     }
 
     #[test]
+    fn file_contexts_and_mount_point_pass_through() {
+        assert_eq!(
+            t(&["--mount-point=/system", "--file-contexts", "fc", "o", "s"]).expect("translate"),
+            [
+                "--file-contexts",
+                "fc",
+                "--mount-point",
+                "/system",
+                "-z",
+                "none",
+                "s",
+                "o"
+            ]
+        );
+        // Without file contexts the mount point changes nothing (outside Android).
+        assert_eq!(
+            t(&["--mount-point", "/system", "o", "s"]).expect("translate"),
+            ["-z", "none", "s", "o"]
+        );
+    }
+
+    #[test]
     fn unimplemented_options_are_named() {
         for (args, what) in [
-            (&["--file-contexts=x", "o", "s"][..], "--file-contexts"),
             (
                 &["--max-extent-bytes", "4096", "o", "s"][..],
                 "--max-extent-bytes",

@@ -3,8 +3,8 @@
 //! mkfs.erofs does through libselinux's file backend. Images for Android partitions and
 //! SELinux-enforcing embedded systems are built this way.
 //!
-//! The text format (selabel_file(5)): one spec a line, `REGEX [TYPE] CONTEXT`, `#`
-//! comments, blank lines; TYPE is `--` (regular file), `-d`, `-l`, `-c`, `-b`, `-p` or
+//! The text format (selabel_file(5)): one spec a line, `REGEX [TYPE] CONTEXT` (fields
+//! past the third ignored, as libselinux does), `#` comments, blank lines; TYPE is `--` (regular file), `-d`, `-l`, `-c`, `-b`, `-p` or
 //! `-s`, and none matches every type; CONTEXT `<<none>>` means "no label". The regex
 //! matches the whole path (`/MOUNT_POINT/REL`, runs of `/` taken as one; the root is
 //! `/MOUNT_POINT/`). Which spec wins, as libselinux decides: a spec without regex
@@ -126,9 +126,10 @@ impl FileContexts {
             }
             let at = |what: String| invalid(path, format!("line {}: {what}", no + 1));
             let toks: Vec<&str> = line.split_whitespace().collect();
+            // Fields past the third are ignored, as libselinux does.
             let (re, kind, ctx) = match toks[..] {
                 [re, ctx] => (re, 0, ctx),
-                [re, ty, ctx] => (
+                [re, ty, ctx, ..] => (
                     re,
                     file_type(ty).ok_or_else(|| {
                         at(format!(
@@ -137,12 +138,7 @@ impl FileContexts {
                     })?,
                     ctx,
                 ),
-                _ => {
-                    return Err(at(format!(
-                        "{} fields: expected REGEX [TYPE] CONTEXT",
-                        toks.len()
-                    )))
-                }
+                _ => return Err(at("1 field: expected REGEX [TYPE] CONTEXT".into())),
             };
             let regex = RegexBuilder::new(&format!("^(?:{re})$"))
                 .unicode(false)
@@ -244,7 +240,7 @@ mod tests {
              /system/bin(/.*)?    u:object_r:bin_a:s0\n\
              /system/bin/.*  --   u:object_r:bin_b:s0\n\
              /system/lost  <<none>>\n\
-             /system/dev/null -c u:object_r:null_device:s0\n");
+             /system/dev/null -c u:object_r:null_device:s0 ignored\n");
         let l = |p: &str, m| f.lookup(p.as_bytes(), m).map(|c| c.to_vec());
         assert_eq!(
             l("/system/", DIR),
@@ -306,7 +302,7 @@ mod tests {
         );
         assert_eq!(
             e(b"/a\n"),
-            "fc: line 1: 1 fields: expected REGEX [TYPE] CONTEXT"
+            "fc: line 1: 1 field: expected REGEX [TYPE] CONTEXT"
         );
         assert!(e(b"/(a u:r:a:s0\n").starts_with("fc: line 1: regex \"/(a\": "));
         assert!(e(b"/(?=a) u:r:a:s0\n").starts_with("fc: line 1: regex"));

@@ -199,8 +199,8 @@ fn directory_command_lines_and_unimplemented_options() {
     assert!(!info.to_string().contains("lz4"), "{info}");
     // Unimplemented options fail, name the option, and leave no image.
     for opt in [
-        "--file-contexts=/etc/selinux/x",
-        "--mount-point=/system",
+        "--max-extent-bytes=65536",
+        "--dsunit=8",
         "--gzinfo",
         "--root-xattr-isize=4096",
     ] {

@@ -110,11 +110,28 @@ pub fn build(
     let inline_tail = plan.inline_tail(id, size);
     let (layout, end_blk): (Layout, u64) = match &o.compression {
         Some(c) => {
-            let mc = Compression {
-                algorithms: c.algorithms.iter().take(1).cloned().collect(),
-                pcluster_size: o.metabox_pcluster().unwrap_or(c.pcluster_size),
-                ztailpacking: c.ztailpacking,
-                hints: Vec::new(),
+            let pcluster_size = o.metabox_pcluster().unwrap_or(c.pcluster_size);
+            let mc = match o.metabox_algorithm {
+                0 => Compression {
+                    algorithms: c.algorithms.iter().take(1).cloned().collect(),
+                    pcluster_size,
+                    ztailpacking: c.ztailpacking,
+                    hints: Vec::new(),
+                },
+                // Another of the image's algorithms (`-m=BYTES:ALG`): the whole list, so
+                // that the inode names it by its index, and a hint that picks it.
+                k => Compression {
+                    algorithms: c.algorithms.clone(),
+                    pcluster_size,
+                    ztailpacking: c.ztailpacking,
+                    hints: vec![zdata::Hint {
+                        pcluster_size,
+                        algorithm: k,
+                        regex: regex::Regex::new(r"^\(metabox inode\)$")
+                            .map_err(|e| BuildError::Options(e.to_string()))?,
+                        uncompressed: false,
+                    }],
+                },
             };
             let req = FileReq {
                 id,

@@ -89,6 +89,8 @@ pub struct BuildOptions {
     pub progress: Option<std::sync::Arc<crate::Progress>>,
     /// The metabox inode's pcluster size in bytes (0: the image's `-C`).
     pub metabox_pcluster_size: u32,
+    /// The metabox inode's algorithm: an index into `compression`'s algorithms.
+    pub metabox_algorithm: usize,
     /// Tar input: OCI layer whiteouts (`.wh.NAME`, `.wh..wh..opq`) become overlayfs
     /// whiteouts and opaque directories (`--aufs`).
     pub aufs: bool,
@@ -196,6 +198,7 @@ impl Default for BuildOptions {
             dot_omitted: false,
             sort: Vec::new(),
             metabox_pcluster_size: 0,
+            metabox_algorithm: 0,
             progress: None,
             aufs: false,
             ovlfs_strip: false,

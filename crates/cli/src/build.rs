@@ -148,16 +148,19 @@ pub struct BuildArgs {
     /// Metadata compression (Linux 6.17+): every inode, with its xattrs, inline tail and
     /// index, goes into one "metabox" inode compressed with the first -z algorithm; BYTES
     /// is its pcluster size (default: -C). Saves most on trees of many small files.
-    /// Implies the 48-bit layout. (mkfs.erofs: `-mBYTES`; here `-m` or `-m=BYTES`.)
+    /// Implies the 48-bit layout. `:ALG` picks the metabox's algorithm: an index into the
+    /// -z list, or `ALG[,level=N]` (added to the image's algorithms), e.g. `-z lzma
+    /// -m=4096:lz4`: small data, fast lookups. (mkfs.erofs: `-mBYTES[:ALG]`; here `-m`,
+    /// `-m=BYTES` or `-m=BYTES:ALG`.)
     #[arg(
         short = 'm',
         long,
-        value_name = "BYTES",
+        value_name = "BYTES[:ALG]",
         num_args = 0..=1,
         require_equals = true,
         default_missing_value = "0"
     )]
-    metabox: Option<u32>,
+    metabox: Option<String>,
     /// Worker threads (0 = all cores). Output is identical for any value.
     #[arg(short = 'j', long, default_value_t = 0)]
     threads: usize,
@@ -423,7 +426,23 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
             bail!("--verity needs 4096-byte blocks (got -b {block_size})");
         }
     }
-    if let Some(p) = a.metabox {
+    let (metabox_size, metabox_alg) = match a.metabox.as_deref() {
+        None => (None, None),
+        Some(m) => {
+            let (size, alg) = match m.split_once(':') {
+                Some((s, alg)) => (s, Some(alg)),
+                None => (m, None),
+            };
+            let size = match size {
+                "" => 0,
+                s => s
+                    .parse::<u32>()
+                    .with_context(|| format!("-m={m}: BYTES is a number"))?,
+            };
+            (Some(size), alg)
+        }
+    };
+    if let Some(p) = metabox_size {
         o.metabox = true;
         o.metabox_pcluster_size = p;
     }
@@ -458,16 +477,37 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
                  identical data is shared with -E dedupe"
             );
         }
+        if let Some(alg) = metabox_alg {
+            o.metabox_algorithm = match alg.parse::<usize>() {
+                Ok(i) if i < c.algorithms.len() => i,
+                Ok(i) => bail!(
+                    "-m=...:{i}: the -z list has {} algorithm(s), counted from 0",
+                    c.algorithms.len()
+                ),
+                Err(_) => {
+                    let spec =
+                        CompressorSpec::parse(alg).with_context(|| format!("-m=...:{alg}"))?;
+                    match c.algorithms.iter().position(|x| *x == spec) {
+                        Some(i) => i,
+                        None => {
+                            c.algorithms.push(spec);
+                            c.algorithms.len() - 1
+                        }
+                    }
+                }
+            };
+        }
         o.compression = Some(c);
     } else if a.pcluster_size.is_some()
         || a.compress_hints.is_some()
         || a.sort_compress.is_some()
         || ztail
         || o.fragments != Fragments::Off
-        || a.metabox.is_some_and(|p| p != 0)
+        || metabox_size.is_some_and(|p| p != 0)
+        || metabox_alg.is_some()
     {
         bail!(
-            "-C, --compress-hints, --sort-compress, -E ztailpacking, -E fragments and a metabox pcluster size need compression (not -z none)"
+            "-C, --compress-hints, --sort-compress, -E ztailpacking, -E fragments and a metabox pcluster size or algorithm need compression (not -z none)"
         );
     }
     Ok(o)

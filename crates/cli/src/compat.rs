@@ -199,13 +199,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                     out.push(format!("-{opt}").into());
                     out.push(value()?.into());
                 }
-                'm' => {
-                    let v = value()?;
-                    if v.contains(':') {
-                        bail!("mkfs.erofs: -m{v}: another algorithm for metadata is not implemented by ferofs");
-                    }
-                    metabox = Some(v);
-                }
+                'm' => metabox = Some(value()?),
                 'd' => {
                     if value()?.trim() == "0" {
                         out.push("--quiet".into());
@@ -270,6 +264,12 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
         let mut ignored: Vec<String> = pcluster.iter().map(|c| format!("-C{c}")).collect();
         // An uncompressed metabox has no pcluster size.
         if let Some(m) = metabox {
+            if m.contains(':') {
+                bail!(
+                    "mkfs.erofs: -m{m} without -z: ferofs compresses a metabox with another \
+                     algorithm only in a compressed image (add -z)"
+                );
+            }
             if m.trim() != "0" {
                 ignored.push(format!("the pcluster size of -m{m}"));
             }
@@ -606,6 +606,16 @@ mod tests {
             t(&["--chunksize", "8192", "-zlz4", "o", "s"]).expect("translate"),
             ["-z", "lz4", "s", "o"]
         );
+    }
+
+    #[test]
+    fn metabox_algorithm_passes_through() {
+        assert_eq!(
+            t(&["-zlzma:lz4", "-m4096:lz4", "o", "s"]).expect("translate"),
+            ["-z", "lzma:lz4", "--metabox=4096:lz4", "s", "o"]
+        );
+        let e = t(&["-m4096:1", "o", "s"]).expect_err("accepted");
+        assert!(e.to_string().contains("without -z"), "{e}");
     }
 
     #[test]

@@ -216,3 +216,60 @@ fn metabox_inline_and_shared_xattrs_read_back_through_the_kernel() {
     let st = json(&ok(&[&"stat", &"--json", &img, &"/f0"]));
     assert_eq!(st["xattr_shared_ids"], serde_json::json!([0]), "{st}");
 }
+
+/// `-m=BYTES:ALG`: the metabox compressed with another algorithm than the data (an
+/// index into the -z list, or a new one added to the image's list); the kernel reads it.
+#[test]
+fn metabox_with_its_own_algorithm() {
+    if !kernel_available("metabox_with_its_own_algorithm") {
+        return;
+    }
+    let (fs, tree) = make_tree();
+    let img = |name: &str, args: &[&str]| {
+        let p = fs.path().join(name);
+        build(&tree, &p, args);
+        p
+    };
+    let base = ["-z", "lzma", "-C", "65536"];
+    let with = |m: &'static str| [&base[..], &[m]].concat();
+    let own = img("own.erofs", &with("-m=4096"));
+    let zero = img("zero.erofs", &with("-m=4096:0"));
+    let lz4 = img("lz4.erofs", &with("-m=4096:lz4"));
+    // Index 0 is the default: the same bytes.
+    assert_eq!(
+        std::fs::read(&own).expect("read"),
+        std::fs::read(&zero).expect("read")
+    );
+    // LZ4 joins the image's algorithms and the metabox compresses less than LZMA's.
+    let info = json(&ok(&[&"inspect", &"--json", &lz4]));
+    assert_eq!(
+        info["compression_algorithms"],
+        serde_json::json!(["lz4", "lzma"]),
+        "{info}"
+    );
+    let len = |p: &Path| std::fs::metadata(p).expect("stat").len();
+    assert!(len(&lz4) > len(&own), "{} vs {}", len(&lz4), len(&own));
+    // An index into a list of two.
+    let two = img("two.erofs", &["-z", "lzma:lz4", "-C", "65536", "-m=4096:1"]);
+    for p in [&lz4, &two] {
+        assert_metabox_superblock(p);
+        {
+            let m = Mount::erofs(p);
+            assert_same_tree(&tree, m.path());
+        }
+        fsck_metabox(p, &p.display().to_string());
+        ok(&[&"check", &p]);
+    }
+    // An index past the list, or an algorithm without compression, is refused.
+    for bad in [&with("-m=4096:1")[..], &["-z", "none", "-m=4096:lz4"][..]] {
+        let out = ferofs()
+            .arg("build")
+            .arg("-q")
+            .args(bad)
+            .arg(&tree)
+            .arg(fs.path().join("bad.erofs"))
+            .output()
+            .expect("run ferofs");
+        assert!(!out.status.success(), "{bad:?} accepted");
+    }
+}

@@ -49,6 +49,10 @@ struct Spec {
 #[derive(Debug)]
 pub struct FileContexts {
     specs: Vec<Spec>,
+    /// Indexes (ascending) of the specs without a stem, and of those with each stem: a
+    /// lookup tries only these two lists.
+    no_stem: Vec<usize>,
+    by_stem: std::collections::HashMap<Vec<u8>, Vec<usize>>,
 }
 
 fn invalid(path: &Path, what: String) -> BuildError {
@@ -160,23 +164,52 @@ impl FileContexts {
             }
         }
         regexes.append(&mut plain);
-        Ok(FileContexts { specs: regexes })
+        let mut no_stem = Vec::new();
+        let mut by_stem: std::collections::HashMap<Vec<u8>, Vec<usize>> = Default::default();
+        for (i, sp) in regexes.iter().enumerate() {
+            match &sp.stem {
+                Some(st) => by_stem.entry(st.clone()).or_default().push(i),
+                None => no_stem.push(i),
+            }
+        }
+        Ok(FileContexts {
+            specs: regexes,
+            no_stem,
+            by_stem,
+        })
     }
 
     /// The context for `path` (absolute, runs of `/` already single) of file type
     /// `mode & S_IFMT`; None when no spec matches or the winner says `<<none>>`.
     pub fn lookup(&self, path: &[u8], mode: u32) -> Option<&[u8]> {
         let kind = mode & 0o170000;
-        let stem = path_stem(path);
-        self.specs
-            .iter()
-            .rev()
-            .find(|s| {
-                (s.kind == 0 || s.kind == kind)
-                    && s.stem.as_deref().is_none_or(|st| Some(st) == stem)
-                    && s.regex.is_match(path)
-            })
-            .and_then(|s| s.context.as_deref())
+        let stemmed: &[usize] = path_stem(path)
+            .and_then(|st| self.by_stem.get(st))
+            .map_or(&[], |v| v.as_slice());
+        // The candidates from the last: the two ascending lists merged backwards.
+        let (mut a, mut b) = (self.no_stem.len(), stemmed.len());
+        while a > 0 || b > 0 {
+            let i = match (a.checked_sub(1), b.checked_sub(1)) {
+                (Some(x), Some(y)) if self.no_stem[x] > stemmed[y] => {
+                    a = x;
+                    self.no_stem[x]
+                }
+                (_, Some(y)) => {
+                    b = y;
+                    stemmed[y]
+                }
+                (Some(x), None) => {
+                    a = x;
+                    self.no_stem[x]
+                }
+                (None, None) => break,
+            };
+            let s = &self.specs[i];
+            if (s.kind == 0 || s.kind == kind) && s.regex.is_match(path) {
+                return s.context.as_deref();
+            }
+        }
+        None
     }
 }
 

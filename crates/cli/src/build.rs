@@ -139,10 +139,10 @@ pub struct BuildArgs {
     /// (identical data stored once), `48bit` (the 48-bit layout, Linux 6.15+: compact
     /// 32-byte inodes keep per-file mtimes), `dot-omitted` (no "." directory entries;
     /// implies 48bit), `noinline_data` (= `^inline_data`), `force-inode-compact` (implies
-    /// --ignore-mtime; with 48bit mtimes are kept to the second), `force-inode-extended`, `nosbcrc` (no superblock checksum),
-    /// `force-chunk-indexes` / `force-inode-blockmap` (with --chunksize), and the preset
-    /// `smallest` (= `ztailpacking,fragments,dedupe`: the smallest image Linux 6.1+
-    /// mounts).
+    /// --ignore-mtime; in the 48-bit layout mtimes are kept to the second),
+    /// `force-inode-extended`, `nosbcrc` (no superblock checksum), `force-chunk-indexes`
+    /// / `force-inode-blockmap` (with --chunksize), and the preset `smallest` (=
+    /// `ztailpacking,fragments,dedupe`: the smallest image Linux 6.1+ mounts).
     #[arg(short = 'E', value_name = "OPTS")]
     extended: Vec<String>,
     /// Metadata compression (Linux 6.17+): every inode, with its xattrs, inline tail and
@@ -370,12 +370,6 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
     o.layout48 = ext.layout48;
     o.dot_omitted = ext.dot_omitted;
     o.inode_version = ext.inode_version;
-    if ext.inode_version == InodeVersion::Compact && !o.layout48() {
-        // A compact inode has no mtime of its own outside the 48-bit layout: as
-        // mkfs.erofs, the option implies --ignore-mtime. In the layout each keeps its
-        // mtime to the second (the builder's time policy).
-        o.ignore_mtime = true;
-    }
     o.sb_checksum = ext.sb_checksum;
     o.output_offset = crate::source::offset()?;
     if a.fsalignblks > 1 << 31 {
@@ -445,6 +439,12 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
     if let Some(p) = metabox_size {
         o.metabox = true;
         o.metabox_pcluster_size = p;
+    }
+    if o.inode_version == InodeVersion::Compact && !o.layout48() {
+        // A compact inode has no mtime of its own outside the 48-bit layout (which -m
+        // and -E dot-omitted imply): as mkfs.erofs, the option implies --ignore-mtime.
+        // In the layout each keeps its mtime to the second (the builder's time policy).
+        o.ignore_mtime = true;
     }
     if a.compress != "none" {
         let mut c = Compression {

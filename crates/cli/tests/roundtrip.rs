@@ -529,6 +529,10 @@ fn inode_forms_and_nosbcrc_mount_with_the_kernel() {
     for p in probes {
         assert_eq!(form(&img, p), "compact", "{p}");
     }
+    // -m implies the layout: the same mtimes.
+    build(&tree, &img, &["-m", "-E", "force-inode-compact"]);
+    assert_image_holds(&img, &tree, &x, "-m force-inode-compact");
+    assert_eq!(form(&img, "/times/ns-123456789"), "compact");
     // Outside the layout every mtime is the build time.
     build(
         &tree,

@@ -302,6 +302,7 @@ fn spec_options(r: &mut In) -> BuildOptions {
             pcluster_size: pcluster,
             ztailpacking: flags & 1 != 0,
             hints,
+            max_extent: 0,
         }
     });
     let fragments = match (compression.is_some(), flags >> 2 & 3) {

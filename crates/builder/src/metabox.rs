@@ -117,6 +117,7 @@ pub fn build(
                     pcluster_size,
                     ztailpacking: c.ztailpacking,
                     hints: Vec::new(),
+                    max_extent: c.max_extent,
                 },
                 // Another of the image's algorithms (`-m=BYTES:ALG`): the whole list, so
                 // that the inode names it by its index, and a hint that picks it.
@@ -131,6 +132,7 @@ pub fn build(
                             .map_err(|e| BuildError::Options(e.to_string()))?,
                         uncompressed: false,
                     }],
+                    max_extent: c.max_extent,
                 },
             };
             let req = FileReq {

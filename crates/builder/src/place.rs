@@ -398,6 +398,7 @@ pub fn store_packed(
         pcluster_size: pcl,
         ztailpacking: c.ztailpacking,
         hints: Vec::new(),
+        max_extent: c.max_extent,
     };
     let size = packed.size;
     let req = zdata::FileReq {

@@ -33,6 +33,9 @@ pub struct Compression {
     pub ztailpacking: bool,
     /// Per-file policy, first match wins.
     pub hints: Vec<Hint>,
+    /// Most bytes a compressed extent may decode to (`--max-extent-bytes`, mkfs.erofs's
+    /// option): a bound on what one random read decompresses; 0: the kernel's limit.
+    pub max_extent: u32,
 }
 
 impl Default for Compression {
@@ -48,11 +51,20 @@ impl Default for Compression {
             pcluster_size: 4096,
             ztailpacking: false,
             hints: Vec::new(),
+            max_extent: 0,
         }
     }
 }
 
 impl Compression {
+    /// Most input one compressed extent may take.
+    fn extent_cap(&self) -> usize {
+        match self.max_extent {
+            0 => MAX_EXTENT_INPUT,
+            n => usize::try_from(n).map_or(MAX_EXTENT_INPUT, |n| n.min(MAX_EXTENT_INPUT)),
+        }
+    }
+
     /// Largest pcluster any file may use (sizes the dictionaries in the superblock).
     pub fn max_pcluster(&self) -> u32 {
         std::iter::once(self.pcluster_size)
@@ -759,7 +771,7 @@ fn compress_data(
         }
         let (head, spare) = buf.split_at_mut(room);
         let dst = &mut head[..pcl];
-        let src = &data[pos..len.min(pos + MAX_EXTENT_INPUT)];
+        let src = &data[pos..len.min(pos + c.extent_cap())];
         let (mut consumed, mut written) = comp.compress_destsize(src, dst);
         let bu = bsz;
         if job.last
@@ -861,6 +873,9 @@ impl Recompress<'_> {
     /// not compress then still takes one extent (with about the blocks it takes raw),
     /// where one block a piece would put two extent heads in one lcluster.
     fn one_piece(&mut self, job: &Job, data: &[u8], start: u64) -> Result<Option<Piece>> {
+        if data.len() > self.c.extent_cap() {
+            return Ok(None);
+        }
         let (comp, _) = codec(self.comps, self.c, job.alg, job.pcluster)?;
         comp.begin_stream();
         let cap = job.pcluster as usize;
@@ -2160,16 +2175,19 @@ fn split_at_common_end(
     // Bounded: each pass consumes at least one byte of the head or returns.
     while pos < head_len {
         comp.begin_stream();
-        let (c1, w1) = comp.compress_destsize(&bytes[pos..head_len], &mut re.dst[..pcl]);
+        let cap = c.extent_cap();
+        let (c1, w1) =
+            comp.compress_destsize(&bytes[pos..head_len.min(pos + cap)], &mut re.dst[..pcl]);
         if c1 == 0 || w1 == 0 {
             return Ok(None);
         }
         let mut out = (c1, re.dst[..w1].to_vec());
         if pos + c1 == head_len {
             // The head's last pcluster: fill its blocks from the shared end too.
-            let cap = w1.div_ceil(bs) * bs;
+            let room = w1.div_ceil(bs) * bs;
             comp.begin_stream();
-            let (c2, w2) = comp.compress_destsize(&bytes[pos..], &mut re.dst[..cap]);
+            let end = bytes.len().min(pos + cap);
+            let (c2, w2) = comp.compress_destsize(&bytes[pos..end], &mut re.dst[..room]);
             if c2 > c1 && w2 > 0 {
                 out = (c2, re.dst[..w2].to_vec());
             }

@@ -149,6 +149,7 @@ fn failed_refit_keeps_the_pcluster_it_would_replace() -> Res {
                         pcluster_size: pcluster,
                         ztailpacking: true,
                         hints: Vec::new(),
+                        max_extent: 0,
                     }),
                     threads: 1,
                     ..Default::default()
@@ -210,6 +211,7 @@ fn packed_pclusters_above_the_cluster_size_get_big_pcluster_records() -> Res {
                     pcluster_size: 4096,
                     ztailpacking: false,
                     hints: Vec::new(),
+                    max_extent: 0,
                 }),
                 fragments,
                 dedupe: true,

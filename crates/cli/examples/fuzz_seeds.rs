@@ -52,7 +52,7 @@ fn opts(
             algorithms: vec![CompressorSpec::parse(a)?],
             pcluster_size: pcluster,
             ztailpacking: tail,
-            hints: Vec::new(),
+            ..Compression::default()
         }),
     };
     Ok(BuildOptions {

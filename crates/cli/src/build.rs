@@ -129,6 +129,13 @@ pub struct BuildArgs {
     /// partition or a disk image that wants whole MiB.
     #[arg(long, value_name = "N", default_value_t = 1)]
     fsalignblks: u32,
+    /// Most bytes one compressed extent may decode to (k, m suffixes; at least the block
+    /// size), as mkfs.erofs's `--max-extent-bytes`: bounds what a random read
+    /// decompresses when data compresses very well (by default an extent takes as much
+    /// input as fills its pcluster, up to the kernel's limit). At or below -C the
+    /// pclusters then hold fixed-size input, as SquashFS blocks do.
+    #[arg(long, value_name = "BYTES")]
+    max_extent_bytes: Option<String>,
     /// Per-file compression policy file (mkfs.erofs format: `PCLUSTER [ALG_INDEX] REGEX`).
     #[arg(long, value_name = "FILE")]
     compress_hints: Option<PathBuf>,
@@ -477,6 +484,14 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
                  identical data is shared with -E dedupe"
             );
         }
+        if let Some(m) = &a.max_extent_bytes {
+            let n = crate::source::parse_size("--max-extent-bytes", m)?;
+            let n = u32::try_from(n).unwrap_or(u32::MAX);
+            if n < block_size {
+                bail!("--max-extent-bytes {n}: at least the block size ({block_size})");
+            }
+            c.max_extent = n;
+        }
         if let Some(alg) = metabox_alg {
             o.metabox_algorithm = match alg.parse::<usize>() {
                 Ok(i) if i < c.algorithms.len() => i,
@@ -505,9 +520,10 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
         || o.fragments != Fragments::Off
         || metabox_size.is_some_and(|p| p != 0)
         || metabox_alg.is_some()
+        || a.max_extent_bytes.is_some()
     {
         bail!(
-            "-C, --compress-hints, --sort-compress, -E ztailpacking, -E fragments and a metabox pcluster size or algorithm need compression (not -z none)"
+            "-C, --compress-hints, --sort-compress, --max-extent-bytes, -E ztailpacking, -E fragments and a metabox pcluster size or algorithm need compression (not -z none)"
         );
     }
     Ok(o)

@@ -12,8 +12,7 @@ use anyhow::{bail, Result};
 use std::ffi::OsString;
 
 /// mkfs.erofs options ferofs knows but does not implement (a clear error).
-const UNSUPPORTED_LONG: [&str; 11] = [
-    "max-extent-bytes",
+const UNSUPPORTED_LONG: [&str; 10] = [
     "blobdev",
     "dsunit",
     "incremental",
@@ -27,7 +26,8 @@ const UNSUPPORTED_LONG: [&str; 11] = [
 ];
 
 /// Long options whose value may be the next argument.
-const LONG_WITH_VALUE: [&str; 15] = [
+const LONG_WITH_VALUE: [&str; 16] = [
+    "max-extent-bytes",
     "file-contexts",
     "mount-point",
     "async-queue-limit",
@@ -59,6 +59,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
     let mut mkfs_time = false;
     let mut chunksize: Option<String> = None;
     let mut mount_point: Option<String> = None;
+    let mut max_extent: Option<String> = None;
     let mut i = 0;
     // Bounded: every pass consumes at least one argument.
     while i < args.len() {
@@ -129,6 +130,8 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                 "chunksize" => chunksize = Some(value()?),
                 // Only the file contexts' paths use it (outside Android builds).
                 "mount-point" => mount_point = Some(value()?),
+                // Kept until the end: without -z, mkfs.erofs ignores it.
+                "max-extent-bytes" => max_extent = Some(value()?),
                 "workers" => {
                     let v = value()?;
                     out.push("-j".into());
@@ -253,6 +256,10 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
             out.push("-C".into());
             out.push(c.into());
         }
+        if let Some(m) = max_extent {
+            out.push("--max-extent-bytes".into());
+            out.push(m.into());
+        }
         if let Some(m) = metabox {
             out.push(format!("--metabox={m}").into());
         }
@@ -262,6 +269,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
         out.push("-z".into());
         out.push("none".into());
         let mut ignored: Vec<String> = pcluster.iter().map(|c| format!("-C{c}")).collect();
+        ignored.extend(max_extent.iter().map(|m| format!("--max-extent-bytes={m}")));
         // An uncompressed metabox has no pcluster size.
         if let Some(m) = metabox {
             if m.contains(':') {
@@ -609,6 +617,28 @@ mod tests {
     }
 
     #[test]
+    fn max_extent_bytes_passes_through_with_compression() {
+        assert_eq!(
+            t(&["-zlz4hc", "-C65536", "--max-extent-bytes=16384", "o", "s"]).expect("translate"),
+            [
+                "-z",
+                "lz4hc",
+                "-C",
+                "65536",
+                "--max-extent-bytes",
+                "16384",
+                "s",
+                "o"
+            ]
+        );
+        // Without -z mkfs.erofs ignores it, as -C.
+        assert_eq!(
+            t(&["--max-extent-bytes", "16384", "o", "s"]).expect("translate"),
+            ["-z", "none", "s", "o"]
+        );
+    }
+
+    #[test]
     fn metabox_algorithm_passes_through() {
         assert_eq!(
             t(&["-zlzma:lz4", "-m4096:lz4", "o", "s"]).expect("translate"),
@@ -643,10 +673,7 @@ mod tests {
     #[test]
     fn unimplemented_options_are_named() {
         for (args, what) in [
-            (
-                &["--max-extent-bytes", "4096", "o", "s"][..],
-                "--max-extent-bytes",
-            ),
+            (&["--dsunit", "8", "o", "s"][..], "--dsunit"),
             (
                 &["--root-xattr-isize=4096", "o", "s"][..],
                 "--root-xattr-isize",

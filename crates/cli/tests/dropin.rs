@@ -199,7 +199,7 @@ fn directory_command_lines_and_unimplemented_options() {
     assert!(!info.to_string().contains("lz4"), "{info}");
     // Unimplemented options fail, name the option, and leave no image.
     for opt in [
-        "--max-extent-bytes=65536",
+        "--vmdk-desc=x.vmdk",
         "--dsunit=8",
         "--gzinfo",
         "--root-xattr-isize=4096",

@@ -91,6 +91,9 @@ pub struct BuildOptions {
     pub metabox_pcluster_size: u32,
     /// The metabox inode's algorithm: an index into `compression`'s algorithms.
     pub metabox_algorithm: usize,
+    /// `--root-xattr-isize`: the root's xattr area at least this many bytes (0: as its
+    /// xattrs need), the rest zeros.
+    pub root_xattr_isize: usize,
     /// Tar input: OCI layer whiteouts (`.wh.NAME`, `.wh..wh..opq`) become overlayfs
     /// whiteouts and opaque directories (`--aufs`).
     pub aufs: bool,
@@ -199,6 +202,7 @@ impl Default for BuildOptions {
             sort: Vec::new(),
             metabox_pcluster_size: 0,
             metabox_algorithm: 0,
+            root_xattr_isize: 0,
             progress: None,
             aufs: false,
             ovlfs_strip: false,

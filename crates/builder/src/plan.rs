@@ -200,7 +200,8 @@ fn most_common_whole_second(tree: &Tree) -> Option<i64> {
 pub fn plan(tree: &Tree, build_time: i64, o: &BuildOptions) -> Result<Plan> {
     let bits = o.block_size.trailing_zeros() as u8;
     let bs = u64::from(o.block_size);
-    let xattrs = xattrs::plan(tree, o.metabox);
+    let mut xattrs = xattrs::plan(tree, o.metabox);
+    xattrs::reserve_root(&mut xattrs, tree.root, o.root_xattr_isize);
     // Inode versions: compact only when every value fits and the mtime is the one a
     // compact inode shows: the build time, or (48-bit layout, Linux 6.15+) any mtime of
     // whole seconds from the epoch up to 2^32-1 s after it (the superblock's

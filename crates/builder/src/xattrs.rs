@@ -1,7 +1,7 @@
 //! Xattr plan: which attributes are shared (stored once, referenced by id) and the
 //! inline area of every inode, with its bloom filter.
 
-use crate::scan::Tree;
+use crate::scan::{InodeId, Tree};
 use ferofs_format::inode::xattr_icount_for;
 use ferofs_format::xattr::*;
 use std::collections::HashMap;
@@ -100,4 +100,30 @@ pub fn plan(tree: &Tree, metabox: bool) -> XattrPlan {
         ibody,
         any,
     }
+}
+
+/// Most bytes `--root-xattr-isize` may ask for: what mkfs.erofs allows (an xattr
+/// area of 65,535 bytes less one entry header, 4-aligned).
+pub const ROOT_XATTR_ISIZE_MAX: usize = 65_532;
+
+/// `--root-xattr-isize`: make inode `root`'s xattr area at least `bytes` long (rounded
+/// up to 4), the rest zeros, which readers skip as entries of no namespace (the
+/// kernel lists none of them): room for a tool to add xattrs to the root in place.
+pub fn reserve_root(plan: &mut XattrPlan, root: InodeId, bytes: usize) {
+    let want = bytes.min(ROOT_XATTR_ISIZE_MAX).div_ceil(4) * 4;
+    let Some(area) = plan.ibody.get_mut(root) else {
+        return;
+    };
+    if want == 0 || area.len() >= want {
+        return;
+    }
+    if area.is_empty() {
+        let h = IbodyHeader {
+            name_filter: !0,
+            shared_count: 0,
+        };
+        area.extend_from_slice(&h.encode());
+    }
+    area.resize(want.max(16), 0);
+    plan.any = true;
 }

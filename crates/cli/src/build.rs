@@ -81,6 +81,11 @@ pub struct BuildArgs {
     /// looked up in --file-contexts. Default: `/`.
     #[arg(long, value_name = "PATH", requires = "file_contexts")]
     mount_point: Option<PathBuf>,
+    /// Make the root directory's xattr area at least this many bytes (at most 65,532;
+    /// the rest zeros), as mkfs.erofs's `--root-xattr-isize`: room for a tool that adds
+    /// xattrs to the root of the image in place later.
+    #[arg(long, value_name = "BYTES", default_value_t = 0)]
+    root_xattr_isize: u32,
     /// Leave out this path (relative to the source; repeatable).
     #[arg(long, value_name = "PATH")]
     exclude_path: Vec<PathBuf>,
@@ -343,6 +348,14 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
             o.mount_point = ferofs_builder::selabel::mount_point(m);
         }
     }
+    if a.root_xattr_isize as usize > ferofs_builder::xattrs::ROOT_XATTR_ISIZE_MAX {
+        bail!(
+            "--root-xattr-isize {}: at most {} (an xattr area's limit)",
+            a.root_xattr_isize,
+            ferofs_builder::xattrs::ROOT_XATTR_ISIZE_MAX
+        );
+    }
+    o.root_xattr_isize = a.root_xattr_isize as usize;
     o.exclude_paths = a.exclude_path.clone();
     for r in &a.exclude_regex {
         o.exclude_regex

@@ -12,11 +12,10 @@ use anyhow::{bail, Result};
 use std::ffi::OsString;
 
 /// mkfs.erofs options ferofs knows but does not implement (a clear error).
-const UNSUPPORTED_LONG: [&str; 10] = [
+const UNSUPPORTED_LONG: [&str; 9] = [
     "blobdev",
     "dsunit",
     "incremental",
-    "root-xattr-isize",
     "gzinfo",
     "vmdk-desc",
     "zD",
@@ -26,7 +25,8 @@ const UNSUPPORTED_LONG: [&str; 10] = [
 ];
 
 /// Long options whose value may be the next argument.
-const LONG_WITH_VALUE: [&str; 16] = [
+const LONG_WITH_VALUE: [&str; 17] = [
+    "root-xattr-isize",
     "max-extent-bytes",
     "file-contexts",
     "mount-point",
@@ -121,7 +121,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                 }
                 "force-uid" | "force-gid" | "uid-offset" | "gid-offset" | "exclude-path"
                 | "exclude-regex" | "compress-hints" | "offset" | "fsalignblks"
-                | "file-contexts" => {
+                | "file-contexts" | "root-xattr-isize" => {
                     let v = value()?;
                     out.push(format!("--{name}").into());
                     out.push(v.into());
@@ -674,10 +674,7 @@ mod tests {
     fn unimplemented_options_are_named() {
         for (args, what) in [
             (&["--dsunit", "8", "o", "s"][..], "--dsunit"),
-            (
-                &["--root-xattr-isize=4096", "o", "s"][..],
-                "--root-xattr-isize",
-            ),
+            (&["--vmdk-desc=x", "o", "s"][..], "--vmdk-desc"),
             (&["--tar=headerball", "o"][..], "--tar=headerball"),
             (&["--bogus", "o", "s"][..], "--bogus"),
             (&["-Q", "o", "s"][..], "-Q"),

@@ -144,6 +144,7 @@ pub fn stat(image: &Path, path: &str, json_out: bool) -> Result<()> {
         .collect();
     v["xattrs"] = json!(xattrs);
     v["xattr_shared_ids"] = json!(img.xattr_shared_ids(&ino)?);
+    v["xattr_isize"] = json!(ferofs_format::inode::xattr_ibody_size(ino.xattr_icount));
     let extents: Vec<Value> = img
         .extents(&ino)?
         .iter()

@@ -545,3 +545,48 @@ fn inode_forms_and_nosbcrc_mount_with_the_kernel() {
         assert_eq!(form(&img, p), "compact", "{p}");
     }
 }
+
+/// `--root-xattr-isize`: the root's xattr area reserved to at least the size asked (its
+/// own xattrs kept), zeros the kernel lists nothing for; too large is refused.
+#[test]
+fn root_xattr_area_reserved() {
+    if !kernel_available("root_xattr_area_reserved") {
+        return;
+    }
+    let fs = Tmpfs::new("64M");
+    let tree = fs.path().join("tree");
+    std::fs::create_dir(&tree).expect("mkdir");
+    small_tree(&tree);
+    let img = fs.path().join("r.erofs");
+    let isize = |img: &std::path::Path| {
+        json(&ok(&[&"stat", &"--json", &img, &"/"]))["xattr_isize"]
+            .as_u64()
+            .unwrap_or(u64::MAX)
+    };
+    build(&tree, &img, &[]);
+    assert_eq!(isize(&img), 0);
+    for (asked, want) in [("100", 100), ("4096", 4096), ("10", 16)] {
+        build(&tree, &img, &["--root-xattr-isize", asked]);
+        assert_eq!(isize(&img), want, "{asked}");
+        let m = Mount::erofs(&img);
+        assert_same_tree(&tree, m.path());
+        drop(m);
+        fsck_erofs(&img).unwrap_or_else(|e| panic!("fsck.erofs {asked}: {e}"));
+        ok(&[&"check", &img]);
+    }
+    // The root's own xattrs stay, the area grows behind them.
+    let out = Command::new("setfattr")
+        .args(["-n", "user.root", "-v", "here"])
+        .arg(&tree)
+        .status()
+        .expect("setfattr");
+    assert!(out.success());
+    build(&tree, &img, &["--root-xattr-isize", "512"]);
+    assert_eq!(isize(&img), 512);
+    let m = Mount::erofs(&img);
+    assert_same_tree(&tree, m.path());
+    drop(m);
+    let out = run(&[&"build", &"--root-xattr-isize", &"70000", &tree, &img]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at most 65532"));
+}

@@ -29,6 +29,9 @@ use crate::scan::{Node, Tree};
 use crate::write::{self, Written};
 use crate::zdata::{self, Compression, FileReq};
 
+/// The metabox inode's name in errors, and what a compression hint matches it by.
+const METABOX_REL: &[u8] = b"(metabox inode)";
+
 /// What the metabox took.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Stats {
@@ -100,7 +103,7 @@ pub fn build(
         size,
         0o100644,
         plan.build_time,
-        b"(metabox inode)",
+        METABOX_REL,
     ));
     plan.extended.push(size > u64::from(u32::MAX));
     plan.xattrs.ibody.push(Vec::new());
@@ -111,30 +114,26 @@ pub fn build(
     let (layout, end_blk): (Layout, u64) = match &o.compression {
         Some(c) => {
             let pcluster_size = o.metabox_pcluster().unwrap_or(c.pcluster_size);
-            let mc = match o.metabox_algorithm {
-                0 => Compression {
-                    algorithms: c.algorithms.iter().take(1).cloned().collect(),
-                    pcluster_size,
-                    ztailpacking: c.ztailpacking,
-                    hints: Vec::new(),
-                    max_extent: c.max_extent,
-                },
-                // Another of the image's algorithms (`-m=BYTES:ALG`): the whole list, so
-                // that the inode names it by its index, and a hint that picks it.
-                k => Compression {
-                    algorithms: c.algorithms.clone(),
-                    pcluster_size,
-                    ztailpacking: c.ztailpacking,
-                    hints: vec![zdata::Hint {
-                        pcluster_size,
-                        algorithm: k,
-                        regex: regex::Regex::new(r"^\(metabox inode\)$")
-                            .map_err(|e| BuildError::Options(e.to_string()))?,
-                        uncompressed: false,
-                    }],
-                    max_extent: c.max_extent,
-                },
+            let mut mc = Compression {
+                pcluster_size,
+                hints: Vec::new(),
+                ..c.clone()
             };
+            match o.metabox_algorithm {
+                0 => mc.algorithms.truncate(1),
+                // Another of the image's algorithms (`-m=BYTES:ALG`): the whole list
+                // stays, so that the inode names it by its index, and a hint picks it.
+                k => mc.hints.push(zdata::Hint {
+                    pcluster_size,
+                    algorithm: k,
+                    regex: regex::Regex::new(&format!(
+                        "^{}$",
+                        regex::escape(&String::from_utf8_lossy(METABOX_REL))
+                    ))
+                    .map_err(|e| BuildError::Options(e.to_string()))?,
+                    uncompressed: false,
+                }),
+            }
             let req = FileReq {
                 id,
                 src: crate::source::Source::Path(spath.clone()),

@@ -188,28 +188,25 @@ impl FileContexts {
             .map_or(&[], |v| v.as_slice());
         // The candidates from the last: the two ascending lists merged backwards.
         let (mut a, mut b) = (self.no_stem.len(), stemmed.len());
-        while a > 0 || b > 0 {
-            let i = match (a.checked_sub(1), b.checked_sub(1)) {
-                (Some(x), Some(y)) if self.no_stem[x] > stemmed[y] => {
-                    a = x;
-                    self.no_stem[x]
-                }
-                (_, Some(y)) => {
-                    b = y;
-                    stemmed[y]
-                }
-                (Some(x), None) => {
-                    a = x;
-                    self.no_stem[x]
-                }
-                (None, None) => break,
+        loop {
+            let from_no_stem = match (a, b) {
+                (0, 0) => return None,
+                (_, 0) => true,
+                (0, _) => false,
+                _ => self.no_stem[a - 1] > stemmed[b - 1],
+            };
+            let i = if from_no_stem {
+                a -= 1;
+                self.no_stem[a]
+            } else {
+                b -= 1;
+                stemmed[b]
             };
             let s = &self.specs[i];
             if (s.kind == 0 || s.kind == kind) && s.regex.is_match(path) {
                 return s.context.as_deref();
             }
         }
-        None
     }
 }
 

@@ -244,6 +244,18 @@ pub fn parse_hex(what: &str, s: &str) -> Result<Vec<u8>> {
 /// the image's algorithms unless it is one of them), or stored uncompressed when `spec`
 /// is None (`none`), through a compress hint matching exactly their paths, ahead of
 /// any other hint.
+/// The index of `spec` in the image's algorithm list, added at the end when not there
+/// (for `--sort-compress` and `-m=BYTES:ALG`).
+fn algorithm_index(c: &mut Compression, spec: CompressorSpec) -> usize {
+    c.algorithms
+        .iter()
+        .position(|a| *a == spec)
+        .unwrap_or_else(|| {
+            c.algorithms.push(spec);
+            c.algorithms.len() - 1
+        })
+}
+
 fn sort_hint(c: &mut Compression, spec: Option<CompressorSpec>, sort: &[Vec<u8>]) -> Result<()> {
     if sort.is_empty() {
         eprintln!("warning: --sort-compress: the --sort list is empty, so no file uses it");
@@ -251,15 +263,7 @@ fn sort_hint(c: &mut Compression, spec: Option<CompressorSpec>, sort: &[Vec<u8>]
     }
     let uncompressed = spec.is_none();
     // Unused when the files are stored uncompressed.
-    let algorithm = spec.map_or(0, |spec| {
-        c.algorithms
-            .iter()
-            .position(|a| *a == spec)
-            .unwrap_or_else(|| {
-                c.algorithms.push(spec);
-                c.algorithms.len() - 1
-            })
-    });
+    let algorithm = spec.map_or(0, |spec| algorithm_index(c, spec));
     // The builder matches hints against the path as (lossy) UTF-8.
     let alternatives: Vec<String> = sort
         .iter()
@@ -512,17 +516,10 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
                     "-m=...:{i}: the -z list has {} algorithm(s), counted from 0",
                     c.algorithms.len()
                 ),
-                Err(_) => {
-                    let spec =
-                        CompressorSpec::parse(alg).with_context(|| format!("-m=...:{alg}"))?;
-                    match c.algorithms.iter().position(|x| *x == spec) {
-                        Some(i) => i,
-                        None => {
-                            c.algorithms.push(spec);
-                            c.algorithms.len() - 1
-                        }
-                    }
-                }
+                Err(_) => algorithm_index(
+                    &mut c,
+                    CompressorSpec::parse(alg).with_context(|| format!("-m=...:{alg}"))?,
+                ),
             };
         }
         o.compression = Some(c);

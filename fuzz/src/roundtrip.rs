@@ -303,6 +303,8 @@ fn spec_options(r: &mut In) -> BuildOptions {
             ztailpacking: flags & 1 != 0,
             hints,
             max_extent: 0,
+            // An eighth of the time every file with full indexes (`-E legacy-compress`).
+            full_index: level >= 0xE0,
         }
     });
     let fragments = match (compression.is_some(), flags >> 2 & 3) {

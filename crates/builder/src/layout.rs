@@ -131,9 +131,9 @@ impl Layout {
         matches!(self, Layout::Chunked { .. } | Layout::ChunkIndex { .. })
     }
 
-    /// Compressed with full indexes (it may share pclusters: the dedupe feature).
-    pub fn full_index(&self) -> bool {
-        matches!(self, Layout::Compressed(z) if z.full_index)
+    /// Compressed, sharing pclusters with other extents (the dedupe feature).
+    pub fn shared(&self) -> bool {
+        matches!(self, Layout::Compressed(z) if z.shared)
     }
 
     /// Some of the file's data is in the packed inode.

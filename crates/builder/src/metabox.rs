@@ -244,7 +244,7 @@ pub fn build(
         compressed,
         inline_pcluster: layouts.iter().any(Layout::inline_pcluster),
         packed_nid,
-        shared_pclusters: layouts.iter().any(Layout::full_index),
+        shared_pclusters: layouts.iter().any(Layout::shared),
     };
     Ok((write::finish(out, block0, &fields, plan, o)?, stats))
 }

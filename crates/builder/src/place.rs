@@ -399,6 +399,7 @@ pub fn store_packed(
         ztailpacking: c.ztailpacking,
         hints: Vec::new(),
         max_extent: c.max_extent,
+        full_index: c.full_index,
     };
     let size = packed.size;
     let req = zdata::FileReq {

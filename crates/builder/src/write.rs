@@ -183,7 +183,7 @@ pub fn write_image(
         chunked: layouts.iter().any(Layout::chunked),
         compressed,
         inline_pcluster: layouts.iter().any(Layout::inline_pcluster),
-        shared_pclusters: layouts.iter().any(Layout::full_index),
+        shared_pclusters: layouts.iter().any(Layout::shared),
         // The packed inode counts only when some file has a fragment in it.
         packed_nid: match tree.packed {
             Some(id) if layouts.iter().any(Layout::fragment) => Some(meta.nid(id)),

@@ -36,6 +36,10 @@ pub struct Compression {
     /// Most bytes a compressed extent may decode to (`--max-extent-bytes`, mkfs.erofs's
     /// option): a bound on what one random read decompresses; 0: the kernel's limit.
     pub max_extent: u32,
+    /// Full (8-byte) lcluster indexes for every compressed file, never compact ones
+    /// (mkfs.erofs's `-E legacy-compress`; encoded extents of the 48-bit layout still
+    /// win where shorter, as there).
+    pub full_index: bool,
 }
 
 impl Default for Compression {
@@ -52,6 +56,7 @@ impl Default for Compression {
             ztailpacking: false,
             hints: Vec::new(),
             max_extent: 0,
+            full_index: false,
         }
     }
 }
@@ -135,9 +140,12 @@ pub struct ZFile {
     /// The tail extent is a fragment: its id while data is placed, then its offset in
     /// the packed inode's data.
     pub fragment: Option<u64>,
-    /// Full (8-byte) lcluster indexes instead of compact ones (fragment offsets of
-    /// 2^32 and more need them).
+    /// Full (8-byte) lcluster indexes instead of compact ones (shared pclusters,
+    /// fragment offsets of 2^32 and more and `Compression::full_index` need them).
     pub full_index: bool,
+    /// Some extent points into a pcluster stored for another extent (the dedupe
+    /// feature).
+    pub shared: bool,
 }
 
 /// Result of storing one regular file.
@@ -1052,7 +1060,7 @@ fn rework(
     let mut pos_of: Vec<Option<usize>> = vec![None; slots.len()];
     // Pieces before `next` are in `out`.
     let mut next = 0usize;
-    let mut shared = p.shared;
+    let mut shared = p.shared || p.full_index;
     for &(q, h) in anchors {
         let q = q as usize;
         if q >= limit {
@@ -1269,6 +1277,8 @@ struct Pending {
     lclusters: u64,
     /// Some extent references another file's (or an earlier) pcluster.
     shared: bool,
+    /// Full indexes whatever is shared (`Compression::full_index`).
+    full_index: bool,
     /// Blocks referenced instead of written; bytes that could have been.
     reused: u64,
     potential: u64,
@@ -1491,6 +1501,7 @@ pub fn store_all(
                     whole_frag: job.frag == FragMode::Whole,
                     lclusters: files[job.file].size.div_ceil(bs),
                     shared: false,
+                    full_index: c.full_index,
                     reused: 0,
                     potential: 0,
                     inserted: Vec::new(),
@@ -1941,7 +1952,7 @@ fn write_piece(
             Some(&(at, b)) if u64::from(b) == blocks => {
                 p.potential += blocks * bs;
                 // Byte for byte (the hash only finds the candidate), once sharing pays.
-                let worth = p.shared || p.potential > full_index_extra(p.lclusters);
+                let worth = p.shared || p.full_index || p.potential > full_index_extra(p.lclusters);
                 let mut old = Vec::new();
                 if worth {
                     old.resize(buf.len(), 0);
@@ -2018,7 +2029,7 @@ pub fn max_index_bytes(size: u64, bits: u8) -> u64 {
 
 /// Index bytes of a file (compact unless it shares pclusters: full).
 fn index_bytes(p: &Pending, size: u64, bits: u8) -> u64 {
-    if p.shared {
+    if p.shared || p.full_index {
         8 + 8 * size.div_ceil(1 << bits)
     } else {
         max_index_bytes(size, bits)
@@ -2129,7 +2140,8 @@ fn compressed(
         inline,
         blocks: p.blocks + p.reused,
         fragment,
-        full_index: p.shared,
+        full_index: p.shared || p.full_index,
+        shared: p.shared,
     })
 }
 

@@ -150,6 +150,7 @@ fn failed_refit_keeps_the_pcluster_it_would_replace() -> Res {
                         ztailpacking: true,
                         hints: Vec::new(),
                         max_extent: 0,
+                        full_index: false,
                     }),
                     threads: 1,
                     ..Default::default()
@@ -212,6 +213,7 @@ fn packed_pclusters_above_the_cluster_size_get_big_pcluster_records() -> Res {
                     ztailpacking: false,
                     hints: Vec::new(),
                     max_extent: 0,
+                    full_index: false,
                 }),
                 fragments,
                 dedupe: true,

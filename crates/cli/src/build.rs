@@ -153,7 +153,9 @@ pub struct BuildArgs {
     /// implies 48bit), `noinline_data` (= `^inline_data`), `force-inode-compact` (implies
     /// --ignore-mtime; in the 48-bit layout mtimes are kept to the second),
     /// `force-inode-extended`, `nosbcrc` (no superblock checksum), `force-chunk-indexes`
-    /// / `force-inode-blockmap` (with --chunksize), and the preset `smallest` (=
+    /// / `force-inode-blockmap` (with --chunksize), `legacy-compress` (full 8-byte
+    /// lcluster indexes for every compressed file, never compact ones; in the 48-bit
+    /// layout encoded extents still win where shorter), and the preset `smallest` (=
     /// `ztailpacking,fragments,dedupe`: the smallest image Linux 6.1+ mounts).
     #[arg(short = 'E', value_name = "OPTS")]
     extended: Vec<String>,
@@ -509,6 +511,7 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
             }
             c.max_extent = n;
         }
+        c.full_index = ext.full_index;
         if let Some(alg) = metabox_alg {
             o.metabox_algorithm = match alg.parse::<usize>() {
                 Ok(i) if i < c.algorithms.len() => i,
@@ -531,9 +534,10 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
         || metabox_size.is_some_and(|p| p != 0)
         || metabox_alg.is_some()
         || a.max_extent_bytes.is_some()
+        || ext.full_index
     {
         bail!(
-            "-C, --compress-hints, --sort-compress, --max-extent-bytes, -E ztailpacking, -E fragments and a metabox pcluster size or algorithm need compression (not -z none)"
+            "-C, --compress-hints, --sort-compress, --max-extent-bytes, -E ztailpacking, -E fragments, -E legacy-compress and a metabox pcluster size or algorithm need compression (not -z none)"
         );
     }
     Ok(o)
@@ -698,6 +702,8 @@ pub struct Extended {
     pub sb_checksum: bool,
     /// `force-chunk-indexes` (true) or `force-inode-blockmap` (false), for --chunksize.
     pub chunk_indexes: bool,
+    /// `legacy-compress`: full lcluster indexes for every compressed file.
+    pub full_index: bool,
 }
 
 /// Parse every `-E` argument in order: comma-separated options, `^` (or `no` for
@@ -714,6 +720,7 @@ pub fn parse_extended(args: &[String]) -> Result<Extended> {
         inode_version: InodeVersion::Auto,
         sb_checksum: true,
         chunk_indexes: false,
+        full_index: false,
     };
     for opt in args.iter().flat_map(|a| a.split(',')) {
         let (neg, body) = match opt.strip_prefix('^') {
@@ -757,6 +764,7 @@ pub fn parse_extended(args: &[String]) -> Result<Extended> {
             "force-chunk-indexes" if !neg => e.chunk_indexes = true,
             "force-inode-blockmap" if !neg => e.chunk_indexes = false,
             "dot-omitted" => e.dot_omitted = !neg,
+            "legacy-compress" => e.full_index = !neg,
             "fragments" if neg => {
                 if matches!(e.fragments, Fragments::Tails { .. }) {
                     e.fragments = Fragments::Off;
@@ -788,7 +796,7 @@ pub fn parse_extended(args: &[String]) -> Result<Extended> {
                 "-E: unknown extended option {opt:?} (known: ztailpacking, fragments[=BYTES], \
                  all-fragments[=BYTES], dedupe, 48bit, dot-omitted, inline_data, noinline_data, \
                  force-inode-compact, force-inode-extended, nosbcrc, force-chunk-indexes, \
-                 force-inode-blockmap, smallest; ^ negates)"
+                 force-inode-blockmap, legacy-compress, smallest; ^ negates)"
             ),
         }
     }

@@ -286,7 +286,10 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
         for e in &mut extended {
             let (keep, drop): (Vec<&str>, Vec<&str>) = e.split(',').partition(|f| {
                 let name = f.split('=').next().unwrap_or("");
-                !matches!(name, "ztailpacking" | "fragments" | "all-fragments")
+                !matches!(
+                    name,
+                    "ztailpacking" | "fragments" | "all-fragments" | "legacy-compress"
+                )
             });
             ignored.extend(drop.iter().map(|f| format!("-E{f}")));
             *e = keep.join(",");
@@ -613,6 +616,25 @@ mod tests {
         assert_eq!(
             t(&["--chunksize", "8192", "-zlz4", "o", "s"]).expect("translate"),
             ["-z", "lz4", "s", "o"]
+        );
+    }
+
+    #[test]
+    fn legacy_compress_passes_with_z_and_is_dropped_without() {
+        assert_eq!(
+            t(&["-zlz4hc", "-Elegacy-compress,ztailpacking", "o", "s"]).expect("translate"),
+            [
+                "-z",
+                "lz4hc",
+                "-E",
+                "legacy-compress,ztailpacking",
+                "s",
+                "o"
+            ]
+        );
+        assert_eq!(
+            t(&["-Elegacy-compress,nosbcrc", "o", "s"]).expect("translate"),
+            ["-z", "none", "-E", "nosbcrc", "s", "o"]
         );
     }
 

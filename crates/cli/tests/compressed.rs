@@ -584,3 +584,107 @@ fn max_extent_bytes_bounds_every_extent() {
         assert!(!out.status.success(), "{bad:?} accepted");
     }
 }
+
+/// `-E legacy-compress` (mkfs.erofs's name): every compressed file, the packed inode
+/// included, gets full 8-byte lcluster indexes, never compact ones, with ztailpacking,
+/// fragments, dedupe and the 48-bit layout too; no shared pcluster, so no dedupe
+/// feature bit of its own; the kernel and fsck.erofs read the image as the tree. Without
+/// it the same tree has compact indexes; without compression it is refused (the drop-in
+/// ignores it with a warning, as `-C`).
+#[test]
+fn legacy_compress_writes_full_indexes() {
+    if !kernel_available("legacy_compress_writes_full_indexes") {
+        return;
+    }
+    let fs = Tmpfs::new("128M");
+    let tree = fs.path().join("tree");
+    std::fs::create_dir(&tree).expect("mkdir");
+    let text: Vec<u8> = (0..60_000u32)
+        .flat_map(|i| format!("line {} of a repetitive file\n", i % 700).into_bytes())
+        .collect();
+    std::fs::write(tree.join("text"), &text).expect("write");
+    std::fs::write(tree.join("zeros"), vec![0u8; 1 << 20]).expect("write");
+    std::fs::write(tree.join("noise"), noise(100_000, 3)).expect("write");
+    std::fs::write(tree.join("small"), &text[..5000]).expect("write");
+    std::fs::write(
+        tree.join("mixed"),
+        [&text[..300_000], &noise(9000, 4)[..]].concat(),
+    )
+    .expect("write");
+    let img = fs.path().join("x.erofs");
+    let layouts = |img: &std::path::Path| -> Vec<String> {
+        ["/text", "/zeros", "/noise", "/small", "/mixed"]
+            .iter()
+            .map(|p| {
+                json(&ok(&[&"stat", &"--json", &img, p]))["layout"]
+                    .as_str()
+                    .unwrap_or("?")
+                    .to_string()
+            })
+            .collect()
+    };
+    build(&tree, &img, &["-z", "lz4hc", "-C", "16384"]);
+    assert!(
+        layouts(&img).iter().any(|l| l == "compressed-compact"),
+        "{:?}",
+        layouts(&img)
+    );
+    for extra in [
+        &["-z", "lz4hc", "-C", "16384"][..],
+        &[
+            "-z",
+            "lzma",
+            "-C",
+            "65536",
+            "-E",
+            "ztailpacking,fragments,dedupe",
+        ][..],
+        &["-z", "zstd", "-E", "all-fragments,ztailpacking"][..],
+        &["-z", "deflate", "-C", "8192", "-E", "48bit"][..],
+    ] {
+        let args = [extra, &["-E", "legacy-compress"][..]].concat();
+        build(&tree, &img, &args);
+        let l = layouts(&img);
+        assert!(
+            !l.iter().any(|l| l == "compressed-compact")
+                && l.iter().any(|l| l == "compressed-full"),
+            "{args:?}: {l:?}"
+        );
+        // The packed inode (fragments) is compressed with full indexes too: no path
+        // leads to it, so its i_format is read from the image (data layout in bits
+        // 1-3: 1 COMPRESSED_FULL, 3 COMPRESSED_COMPACT).
+        let info = json(&ok(&[&"inspect", &"--json", &img]));
+        let packed = info["packed_nid"].as_u64().unwrap_or(0);
+        if args.iter().any(|a| a.contains("fragments")) {
+            let at = info["meta_blkaddr"].as_u64().expect("meta_blkaddr")
+                * info["block_size"].as_u64().expect("block_size")
+                + packed * 32;
+            let bytes = std::fs::read(&img).expect("read image");
+            let at = usize::try_from(at).expect("offset");
+            let format = u16::from_le_bytes([bytes[at], bytes[at + 1]]);
+            assert!(packed > 0, "{args:?}: no packed inode");
+            assert_eq!(
+                format >> 1 & 7,
+                1,
+                "{args:?}: packed inode i_format {format:#x}"
+            );
+        }
+        let feats = info["feature_incompat"].to_string();
+        if !args.iter().any(|a| a.contains("fragments")) {
+            assert!(!feats.contains("dedupe"), "{args:?}: {feats}");
+        }
+        {
+            let m = Mount::erofs(&img);
+            assert_same_tree(&tree, m.path());
+        }
+        fsck_metabox(&img, &format!("{args:?}"));
+    }
+    let out = ferofs()
+        .args(["build", "-z", "none", "-E", "legacy-compress"])
+        .arg(&tree)
+        .arg(fs.path().join("bad.erofs"))
+        .output()
+        .expect("run ferofs");
+    assert!(!out.status.success(), "-z none -E legacy-compress accepted");
+    assert!(!fs.path().join("bad.erofs").exists());
+}

@@ -72,7 +72,9 @@ impl ChunkStore {
     /// block `*next_blk` on. A file whose chunks all turn out new (none shared, none a
     /// hole) lies in one piece: it is stored flat instead, its tail behind the inode
     /// when `inline_tail` (a chunk-based inode has no inline tail, so small files would
-    /// otherwise take a block each).
+    /// otherwise take a block each). The file's first new chunk starts at a multiple of
+    /// `align` blocks (`--dsunit`).
+    #[allow(clippy::too_many_arguments)]
     pub fn store(
         &mut self,
         out: &mut Out,
@@ -81,8 +83,9 @@ impl ChunkStore {
         f: &Reader,
         size: u64,
         inline_tail: bool,
+        align: u64,
     ) -> Result<FileData> {
-        let r = self.store_chunks(out, bits, next_blk, f, size, inline_tail);
+        let r = self.store_chunks(out, bits, next_blk, f, size, inline_tail, align);
         // Whatever happened, what was written reaches the image before anyone else
         // writes or reads it.
         self.flush(out)?;
@@ -114,6 +117,7 @@ impl ChunkStore {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn store_chunks(
         &mut self,
         out: &mut Out,
@@ -122,6 +126,7 @@ impl ChunkStore {
         f: &Reader,
         size: u64,
         inline_tail: bool,
+        mut align: u64,
     ) -> Result<FileData> {
         let path = f.path();
         let bs = 1u64 << bits;
@@ -147,7 +152,6 @@ impl ChunkStore {
                 path.display()
             )));
         }
-        let first = *next_blk;
         let tail_len = if inline_tail { size % bs } else { 0 };
         // Every chunk so far written now, one after another.
         let mut fresh = true;
@@ -168,10 +172,15 @@ impl ChunkStore {
             };
             let keep = if fresh && c + 1 == n { tail_len } else { 0 };
             let got = if has_data {
-                self.chunk(out, bits, next_blk, f, start, end - start, keep)?
+                self.chunk(out, bits, next_blk, f, start, end - start, keep, align)?
             } else {
                 Chunk::Hole
             };
+            if matches!(got, Chunk::New(_) | Chunk::Tail(_)) {
+                // `--dsunit`: the file's first written chunk is aligned, the rest
+                // follow it.
+                align = 0;
+            }
             match got {
                 Chunk::New(b) => map.push(b),
                 Chunk::Shared(b) => {
@@ -184,9 +193,10 @@ impl ChunkStore {
                 }
                 Chunk::Tail(tail) => {
                     f.unchanged()?;
+                    // Every chunk was written, one after another, up to here.
                     let nblocks = (size - tail_len) / bs;
                     return Ok(FileData::Flat {
-                        startblk: if nblocks > 0 { first } else { 0 },
+                        startblk: if nblocks > 0 { *next_blk - nblocks } else { 0 },
                         nblocks,
                         tail: out.keep_tail(tail)?,
                     });
@@ -196,7 +206,7 @@ impl ChunkStore {
         f.unchanged()?;
         if fresh {
             return Ok(FileData::Flat {
-                startblk: first,
+                startblk: *next_blk - size.div_ceil(bs),
                 nblocks: size.div_ceil(bs),
                 tail: Default::default(),
             });
@@ -213,7 +223,8 @@ impl ChunkStore {
     /// One chunk of `len` bytes at `start` of `f`: a hole when it holds only zeros,
     /// else the chunk stored before that it equals, else stored now. With `keep` > 0
     /// (the file's last chunk, its tail to go inline), a new chunk is written but for
-    /// its last `keep` bytes, which come back, and is not offered to later files.
+    /// its last `keep` bytes, which come back, and is not offered to later files. A
+    /// chunk written now starts at a multiple of `align` blocks (`--dsunit`).
     #[allow(clippy::too_many_arguments)]
     fn chunk(
         &mut self,
@@ -224,6 +235,7 @@ impl ChunkStore {
         start: u64,
         len: u64,
         keep: u64,
+        align: u64,
     ) -> Result<Chunk> {
         let path = f.path();
         let read = |buf: &mut [u8], off: u64| {
@@ -261,6 +273,9 @@ impl ChunkStore {
                     return Ok(Chunk::Shared(blk));
                 }
             }
+        }
+        if len > keep {
+            crate::data::align_next(out, next_blk, align, bits)?;
         }
         let blk = u32::try_from(*next_blk)
             .ok()

@@ -49,6 +49,27 @@ pub struct DataWriter<'a> {
     pub buf: Vec<u8>,
     /// `--chunksize`: every file goes through it (chunk-based, deduplicated).
     pub chunks: Option<&'a mut crate::chunks::ChunkStore>,
+    /// `--dsunit`: a file's first data block goes to a multiple of this many blocks
+    /// (0 or 1: anywhere).
+    pub align: u64,
+}
+
+/// `blk` rounded up to a multiple of `align` blocks (0 or 1: `blk`).
+pub fn align_blk(blk: u64, align: u64) -> u64 {
+    if align > 1 {
+        blk.div_ceil(align).saturating_mul(align)
+    } else {
+        blk
+    }
+}
+
+/// Move `next_blk` to a multiple of `align` blocks (`--dsunit`), the blocks skipped
+/// cleared on a device.
+pub fn align_next(out: &mut Out, next_blk: &mut u64, align: u64, bits: u8) -> Result<()> {
+    let to = align_blk(*next_blk, align);
+    out.clear_blocks(*next_blk, to, bits)?;
+    *next_blk = to;
+    Ok(())
 }
 
 const IO_CHUNK: usize = 1 << 20;
@@ -100,6 +121,7 @@ impl DataWriter<'_> {
                 &f,
                 size,
                 inline_tail,
+                self.align,
             );
         }
         let path = f.path();
@@ -112,7 +134,12 @@ impl DataWriter<'_> {
         }
         let tail_len = if inline_tail { size % bs } else { 0 };
         let body = size - tail_len;
-        let startblk = if body > 0 { self.copy(&f, 0, body)? } else { 0 };
+        let startblk = if body > 0 {
+            align_next(self.out, &mut self.next_blk, self.align, self.blkszbits)?;
+            self.copy(&f, 0, body)?
+        } else {
+            0
+        };
         let mut tail = vec![0u8; tail_len as usize];
         if tail_len > 0 {
             f.read_exact_at(&mut tail, body)
@@ -135,6 +162,9 @@ impl DataWriter<'_> {
         let size = data.len() as u64;
         let tail_len = if inline_tail { size % bs } else { 0 };
         let (body, tail) = data.split_at((size - tail_len) as usize);
+        if !body.is_empty() {
+            align_next(self.out, &mut self.next_blk, self.align, self.blkszbits)?;
+        }
         let startblk = self.next_blk;
         if !body.is_empty() {
             let padded = (body.len() as u64).div_ceil(bs) * bs;
@@ -189,6 +219,10 @@ impl DataWriter<'_> {
                 continue;
             }
             let len = (cend.min(size)) - cstart;
+            if map.iter().all(|&b| b == u32::MAX) {
+                // The file's first data chunk.
+                align_next(self.out, &mut self.next_blk, self.align, bits)?;
+            }
             let blk = self.copy(f, cstart, len)?;
             let blk = u32::try_from(blk).map_err(|_| {
                 BuildError::TooLarge("chunk block address beyond 2^32 blocks".into())

@@ -144,6 +144,8 @@ pub fn build(
                 frag: zdata::FragMode::None,
                 skip: false,
                 similar: false,
+                // Metadata, not file data: `--dsunit` leaves it where it is.
+                align: 0,
             };
             let threads = o.worker_threads();
             let (mut stored, end, _) = zdata::store_all(
@@ -170,6 +172,7 @@ pub fn build(
                 next_blk: mb_blk,
                 buf: Vec::new(),
                 chunks: None,
+                align: 0,
             };
             let d = dw.store_file(
                 &crate::source::Source::Path(spath.clone()),

@@ -121,6 +121,12 @@ pub struct BuildOptions {
     /// `--fsalignblks`: the image's size is rounded up to a multiple of this many
     /// blocks (a power of two; 0 or 1: no rounding).
     pub fs_align_blocks: u32,
+    /// `--dsunit`: every file's data (the packed inode's too) starts at a block address
+    /// that is a multiple of this many blocks, for storage that works in stripes (0 or
+    /// 1: no alignment). With chunks only when at most one chunk (else ignored, with a
+    /// warning, as mkfs.erofs); a file whose first chunk or pcluster is shared with
+    /// another file's stays where that one is.
+    pub dsunit: u32,
 }
 
 /// Which inode core every inode gets.
@@ -214,6 +220,7 @@ impl Default for BuildOptions {
             chunks: None,
             output_offset: 0,
             fs_align_blocks: 1,
+            dsunit: 0,
         }
     }
 }

@@ -161,6 +161,29 @@ impl Out {
             .map_err(io_err(&self.tmp, "write output"))
     }
 
+    /// Blocks `from..to` (of `1 << bits` bytes) are left unused (a `--dsunit` gap):
+    /// zeros on a device, which holds old data there; a hole in a file already. Not
+    /// hashed: the image's UUID does not depend on where it is written.
+    pub fn clear_blocks(&mut self, from: u64, to: u64, bits: u8) -> Result<()> {
+        if self.device.is_none() || to <= from {
+            return Ok(());
+        }
+        let (start, end) = (from << bits, to << bits);
+        self.fits(start, end - start)?;
+        let zeros = vec![0u8; (end - start).min(1 << 20) as usize];
+        let mut at = start;
+        // Bounded: each pass writes up to 1 MiB and moves towards `end`.
+        while at < end {
+            let n = (end - at).min(zeros.len() as u64) as usize;
+            let pos = self.in_file(at)?;
+            self.file
+                .write_all_at(&zeros[..n], pos)
+                .map_err(io_err(&self.tmp, "write output"))?;
+            at += n as u64;
+        }
+        Ok(())
+    }
+
     /// Inline tails beyond `bytes` go to a scratch file (default: none do).
     pub fn set_tail_budget(&mut self, bytes: u64) {
         self.tail_budget = bytes;

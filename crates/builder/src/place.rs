@@ -191,6 +191,7 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
                 skip: dup_of[k].is_some(),
                 // Files grouped by name already sit beside their likes.
                 similar: frag == FragMode::Whole && k < first_grouped,
+                align: u64::from(o.dsunit),
             });
         }
         let (stored, end, fed) = zdata::store_all(
@@ -227,12 +228,25 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
         }
     } else {
         let mut chunks = o.chunks.map(crate::chunks::ChunkStore::new);
+        let mut align = u64::from(o.dsunit);
+        if let Some(c) = o.chunks {
+            // As mkfs.erofs: a unit larger than a chunk is not kept (chunks shared
+            // between files would break it anyway).
+            if align > 1 && align > 1u64 << c.bits.saturating_sub(plan.bits) {
+                placed.warnings.push(format!(
+                    "--dsunit {align} ignored: larger than a chunk ({} blocks)",
+                    1u64 << c.bits.saturating_sub(plan.bits)
+                ));
+                align = 0;
+            }
+        }
         let mut dw = DataWriter {
             out,
             blkszbits: plan.bits,
             next_blk: plan.first_blk,
             buf: Vec::new(),
             chunks: chunks.as_mut(),
+            align,
         };
         for (k, &(id, _, src, size)) in files.iter().enumerate() {
             if dup_of[k].is_none() {
@@ -412,6 +426,7 @@ pub fn store_packed(
         frag: FragMode::None,
         skip: false,
         similar: false,
+        align: u64::from(o.dsunit),
     };
     let threads = o.worker_threads();
     warn_if_fewer_workers(&mut placed.warnings, o, &pc);

@@ -1266,6 +1266,10 @@ fn rework(
 struct Pending {
     extents: Vec<ExtentDesc>,
     first_blk: Option<u64>,
+    /// Where the data stood before `--dsunit` moved the first pcluster.
+    unaligned: Option<u64>,
+    /// `FileReq::align`.
+    align: u64,
     blocks: u64,
     last: Option<Piece>,
     alg: usize,
@@ -1314,6 +1318,9 @@ pub struct FileReq {
     /// Going whole to the packed inode, it may move there beside alike files
     /// ([`crate::similar`]).
     pub similar: bool,
+    /// `--dsunit`: the file's first data block at a multiple of this many blocks (0 or
+    /// 1: anywhere). A file whose first pcluster is shared with another is not moved.
+    pub align: u64,
 }
 
 /// Compress every file in `files` (inode order) and write the data at `next_blk`, on
@@ -1494,6 +1501,8 @@ pub fn store_all(
                 Pending {
                     extents: Vec::new(),
                     first_blk: None,
+                    unaligned: None,
+                    align: files[job.file].align,
                     blocks: 0,
                     last: None,
                     alg: job.alg,
@@ -1853,6 +1862,7 @@ fn store_raw(
         next_blk: *next_blk,
         buf: Vec::new(),
         chunks: None,
+        align: f.align,
     };
     let d = match raw {
         Some(bytes) if bytes.len() as u64 == f.size => dw.store_bytes(bytes, f.inline_tail)?,
@@ -1937,6 +1947,12 @@ fn write_piece(
         let off = buf.len() - piece.bytes.len();
         buf[off..].copy_from_slice(&piece.bytes);
     }
+    // `--dsunit`: the file's first pcluster at a multiple of the unit (undone below
+    // when it turns out to be shared).
+    let unaligned = *next_blk;
+    if p.extents.is_empty() {
+        crate::data::align_next(out, next_blk, p.align, bits)?;
+    }
     let blkaddr = u32::try_from(*next_blk)
         .map_err(|_| BuildError::TooLarge("compressed data beyond 2^32 blocks".into()))?;
     let mut new_key = None;
@@ -1969,6 +1985,7 @@ fn write_piece(
                     p.shared = true;
                     p.reused += blocks;
                     m.saved += blocks * bs;
+                    *next_blk = unaligned;
                     return Ok((at, b));
                 }
             }
@@ -2000,7 +2017,10 @@ fn write_piece(
         blocks: blocks as u16,
         partial: false,
     });
-    p.first_blk.get_or_insert(*next_blk);
+    if p.first_blk.is_none() {
+        p.first_blk = Some(*next_blk);
+        p.unaligned = Some(unaligned);
+    }
     p.blocks += blocks;
     *next_blk += blocks;
     Ok((blkaddr, blocks as u16))
@@ -2121,7 +2141,7 @@ fn roll_back(
     pcl: Option<&mut PclMap>,
 ) -> Result<Stored> {
     forget(p, pcl, 1 << bits);
-    if let Some(first) = p.first_blk {
+    if let Some(first) = p.unaligned.or(p.first_blk) {
         *next_blk = first;
     }
     store_raw(f, bytes.as_deref(), out, bits, next_blk)

@@ -134,6 +134,13 @@ pub struct BuildArgs {
     /// partition or a disk image that wants whole MiB.
     #[arg(long, value_name = "N", default_value_t = 1)]
     fsalignblks: u32,
+    /// Start every file's data (the packed inode's too) at a block address that is a
+    /// multiple of N blocks, for storage that works in stripes, as mkfs.erofs's
+    /// `--dsunit`: the image grows by the gaps. With --chunksize only when N is at most
+    /// one chunk (else ignored, with a warning); a file whose first chunk or pcluster is
+    /// shared (-E dedupe) stays where the one it shares is.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    dsunit: u32,
     /// Most bytes one compressed extent may decode to (k, m suffixes; at least the block
     /// size), as mkfs.erofs's `--max-extent-bytes`: bounds what a random read
     /// decompresses when data compresses very well (by default an extent takes as much
@@ -402,6 +409,10 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
         bail!("--fsalignblks {}: at most 2^31 blocks", a.fsalignblks);
     }
     o.fs_align_blocks = a.fsalignblks;
+    if a.dsunit > 1 << 31 {
+        bail!("--dsunit {}: at most 2^31 blocks", a.dsunit);
+    }
+    o.dsunit = a.dsunit;
     if let Some(cs) = a.chunksize {
         if a.tar_index {
             bail!(

@@ -12,9 +12,8 @@ use anyhow::{bail, Result};
 use std::ffi::OsString;
 
 /// mkfs.erofs options ferofs knows but does not implement (a clear error).
-const UNSUPPORTED_LONG: [&str; 9] = [
+const UNSUPPORTED_LONG: [&str; 8] = [
     "blobdev",
-    "dsunit",
     "incremental",
     "gzinfo",
     "vmdk-desc",
@@ -25,7 +24,7 @@ const UNSUPPORTED_LONG: [&str; 9] = [
 ];
 
 /// Long options whose value may be the next argument.
-const LONG_WITH_VALUE: [&str; 17] = [
+const LONG_WITH_VALUE: [&str; 18] = [
     "root-xattr-isize",
     "max-extent-bytes",
     "file-contexts",
@@ -43,6 +42,7 @@ const LONG_WITH_VALUE: [&str; 17] = [
     "chunksize",
     "offset",
     "fsalignblks",
+    "dsunit",
 ];
 
 /// The `ferofs build` arguments (after `build`) for mkfs.erofs's `args` (after the
@@ -121,7 +121,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                 }
                 "force-uid" | "force-gid" | "uid-offset" | "gid-offset" | "exclude-path"
                 | "exclude-regex" | "compress-hints" | "offset" | "fsalignblks"
-                | "file-contexts" | "root-xattr-isize" => {
+                | "dsunit" | "file-contexts" | "root-xattr-isize" => {
                     let v = value()?;
                     out.push(format!("--{name}").into());
                     out.push(v.into());
@@ -695,7 +695,7 @@ mod tests {
     #[test]
     fn unimplemented_options_are_named() {
         for (args, what) in [
-            (&["--dsunit", "8", "o", "s"][..], "--dsunit"),
+            (&["--blobdev", "d", "o", "s"][..], "--blobdev"),
             (&["--vmdk-desc=x", "o", "s"][..], "--vmdk-desc"),
             (&["--tar=headerball", "o"][..], "--tar=headerball"),
             (&["--bogus", "o", "s"][..], "--bogus"),
@@ -837,11 +837,12 @@ fn fsck_command(
 
 /// The `ferofs` command lines for dump.erofs's `args`: `-s`/`-S` show the superblock
 /// and counts (`inspect`), `--path=X` the inode (`stat`, with its extents), `--ls` its
-/// directory, `--cat` its contents.
+/// directory, `--cat` its contents; `--nid=N` the inode by number (`stat --nid`).
 pub fn dump_to_ferofs(args: &[OsString]) -> Result<Vec<Vec<OsString>>> {
     let mut pos = Vec::new();
     let (mut sb, mut ls, mut cat, mut ext) = (false, false, false, false);
     let mut path = None::<String>;
+    let mut nid = None::<String>;
     let mut offset = None::<String>;
     for a in split_args(args, &[]) {
         match a {
@@ -855,6 +856,7 @@ pub fn dump_to_ferofs(args: &[OsString]) -> Result<Vec<Vec<OsString>>> {
                 ("ls", None) => ls = true,
                 ("cat", None) => cat = true,
                 ("path", Some(p)) => path = Some(p),
+                ("nid", Some(n)) => nid = Some(n),
                 ("offset", Some(o)) => offset = Some(o),
                 ("version", None) => return Ok(vec![vec!["--version".into()]]),
                 ("help", None) => return Ok(vec![vec!["inspect".into(), "--help".into()]]),
@@ -864,8 +866,20 @@ pub fn dump_to_ferofs(args: &[OsString]) -> Result<Vec<Vec<OsString>>> {
     }
     let image = one_image("dump.erofs", pos)?;
     let mut cmds: Vec<Vec<OsString>> = Vec::new();
-    if sb || path.is_none() {
+    if sb || (path.is_none() && nid.is_none()) {
         cmds.push(vec!["inspect".into(), image.clone()]);
+    }
+    if let (None, Some(n)) = (&path, nid) {
+        if ls || cat {
+            bail!("dump.erofs: --ls and --cat with --nid are not implemented by ferofs (give --path=X)");
+        }
+        cmds.push(vec!["stat".into(), image, "--nid".into(), n.into()]);
+        if let Some(o) = offset {
+            for c in &mut cmds {
+                c.extend(["--offset".into(), o.clone().into()]);
+            }
+        }
+        return Ok(cmds);
     }
     if let Some(p) = path {
         if ls {
@@ -877,7 +891,7 @@ pub fn dump_to_ferofs(args: &[OsString]) -> Result<Vec<Vec<OsString>>> {
             cmds.push(vec!["stat".into(), image, p.into()]);
         }
     } else if ls || cat || ext {
-        bail!("dump.erofs: --ls, --cat and -e need --path=X (--nid is not implemented by ferofs)");
+        bail!("dump.erofs: --ls, --cat and -e need --path=X (or, for -e, --nid=N)");
     }
     if let Some(o) = offset {
         for c in &mut cmds {
@@ -934,6 +948,10 @@ mod fsck_dump_tests {
         assert_eq!(
             dump_to_ferofs(&os(&["-e", "--path=/a", "img"])).expect("d"),
             [os(&["stat", "img", "/a"])]
+        );
+        assert_eq!(
+            dump_to_ferofs(&os(&["--nid=36", "-e", "img"])).expect("d"),
+            [os(&["stat", "img", "--nid", "36"])]
         );
         let e = dump_to_ferofs(&os(&["--nid=36", "--ls", "img"])).expect_err("nid");
         assert!(e.to_string().contains("--nid"), "{e}");

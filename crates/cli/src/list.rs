@@ -130,9 +130,17 @@ pub fn cat(image: &Path, path: &str) -> Result<()> {
     Ok(())
 }
 
-pub fn stat(image: &Path, path: &str, json_out: bool) -> Result<()> {
+pub fn stat(image: &Path, path: Option<&str>, nid: Option<u64>, json_out: bool) -> Result<()> {
     let img = open(image)?;
-    let ino = lookup(&img, path)?;
+    let (ino, path) = match (path, nid) {
+        (_, Some(n)) => (
+            img.inode(n).with_context(|| format!("nid {n}"))?,
+            format!("(nid {n})"),
+        ),
+        (Some(p), None) => (lookup(&img, p)?, p.to_string()),
+        (None, None) => anyhow::bail!("stat: give a PATH or --nid"),
+    };
+    let path = path.as_str();
     let mut v = entry_json(&img, path.as_bytes(), &ino)?;
     v["ino"] = json!(ino.ino);
     v["inode_format"] = json!(if ino.extended { "extended" } else { "compact" });

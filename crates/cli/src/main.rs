@@ -67,7 +67,13 @@ enum Cmd {
     Stat {
         /// The image: a file or a URL (http://, https://, s3://bucket/key).
         image: PathBuf,
-        path: String,
+        /// The inode's path in the image.
+        #[arg(required_unless_present = "nid")]
+        path: Option<String>,
+        /// The inode by its number instead of a path: also inodes no directory lists,
+        /// e.g. the packed inode (`inspect` shows its nid), as dump.erofs's `--nid`.
+        #[arg(long, conflicts_with = "path")]
+        nid: Option<u64>,
         #[arg(long)]
         json: bool,
     },
@@ -104,7 +110,12 @@ fn run(cmd: Cmd) -> Result<()> {
             all,
         } => list::ls(&image, &path, json, all),
         Cmd::Cat { image, path } => list::cat(&image, &path),
-        Cmd::Stat { image, path, json } => list::stat(&image, &path, json),
+        Cmd::Stat {
+            image,
+            path,
+            nid,
+            json,
+        } => list::stat(&image, path.as_deref(), nid, json),
         Cmd::Extract(a) => extract::run(a),
         Cmd::Export(a) => export::run(a),
         Cmd::Diff(_) => unreachable_diff(),

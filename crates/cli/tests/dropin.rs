@@ -200,7 +200,7 @@ fn directory_command_lines_and_unimplemented_options() {
     // Unimplemented options fail, name the option, and leave no image.
     for opt in [
         "--vmdk-desc=x.vmdk",
-        "--dsunit=8",
+        "--incremental=data",
         "--gzinfo",
         "--blobdev=/dev/null",
     ] {

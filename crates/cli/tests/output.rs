@@ -252,3 +252,138 @@ fn fsalignblks_rounds_the_image_size_up() {
         ok(&[&"check", &img]);
     }
 }
+
+/// The block of the first data extent of `path` in `img` that is stored on its own
+/// (not inline, not a hole, not in the packed inode), or None.
+fn first_data_block(img: &Path, path: Option<&str>, nid: Option<u64>) -> Option<u64> {
+    let st = match (path, nid) {
+        (Some(p), _) => json(&ok(&[&"stat", &"--json", &img, &p])),
+        (None, Some(n)) => json(&ok(&[&"stat", &"--json", &img, &"--nid", &n.to_string()])),
+        _ => unreachable!(),
+    };
+    st["extents"].as_array()?.iter().find_map(|e| {
+        let k = e["kind"].as_str().unwrap_or("");
+        if k == "inline" || k == "hole" || k.contains("fragment") {
+            return None;
+        }
+        e["physical"].as_u64().map(|p| p / 4096)
+    })
+}
+
+/// `--dsunit N` (mkfs.erofs's option): every file's first data block, the packed
+/// inode's too, is at a multiple of N blocks, for flat, sparse, chunk-based and
+/// compressed files (a file whose first chunk or pcluster is shared stays with the one
+/// it shares); the kernel reads the image as the tree; the image is the same for any
+/// `-j`; a unit larger than a chunk is ignored with a warning; on a block device the
+/// gaps are zeros, so the device holds the same bytes as the file.
+#[test]
+fn dsunit_aligns_every_file_start() {
+    if !kernel_available("dsunit_aligns_every_file_start") {
+        return;
+    }
+    let d = scratch("out-dsunit");
+    let tree = d.path().join("tree");
+    std::fs::create_dir_all(tree.join("sub")).expect("mkdir");
+    let noise = ferofs_testkit::noise(400_000, 9);
+    let text = ferofs_testkit::text_lines(20_000, 4);
+    std::fs::write(tree.join("one-block-and-tail"), &noise[..5000]).expect("write");
+    std::fs::write(tree.join("noise"), &noise[..70_000]).expect("write");
+    std::fs::write(tree.join("sub/noise-copy"), &noise[..70_000]).expect("write");
+    std::fs::write(tree.join("text"), &text).expect("write");
+    std::fs::write(tree.join("sub/tiny"), b"tiny").expect("write");
+    // Shares its first 64 KiB chunk with `noise`, then differs.
+    std::fs::write(
+        tree.join("sub/shares-head"),
+        [&noise[..65_536], &noise[200_000..300_000]].concat(),
+    )
+    .expect("write");
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::create(tree.join("sparse")).expect("create");
+        f.set_len(1 << 20).expect("size");
+        f.write_all_at(&noise[..9000], 600_000).expect("write");
+    }
+    let files = [
+        "/one-block-and-tail",
+        "/noise",
+        "/sub/noise-copy",
+        "/text",
+        "/sub/tiny",
+        "/sub/shares-head",
+        "/sparse",
+    ];
+    let unit = 8u64;
+    for opts in [
+        &["-z", "none"][..],
+        &["-z", "none", "--chunksize", "65536"][..],
+        &["-z", "lz4hc"][..],
+        &["-z", "lz4hc", "-E", "smallest"][..],
+        &["-z", "zstd", "-C", "65536", "-E", "dedupe,ztailpacking"][..],
+    ] {
+        let img = d.path().join("a.erofs");
+        let args = [opts, &["--dsunit", "8", "-j", "2"][..]].concat();
+        build(&tree, &img, &args);
+        let mut aligned = 0;
+        for f in files {
+            if let Some(b) = first_data_block(&img, Some(f), None) {
+                let shared = f == "/sub/noise-copy" || f == "/sub/shares-head";
+                assert!(b % unit == 0 || shared, "{args:?}: {f} starts at block {b}");
+                aligned += usize::from(b % unit == 0);
+            }
+        }
+        assert!(aligned >= 3, "{args:?}: only {aligned} files with data");
+        let info = json(&ok(&[&"inspect", &"--json", &img]));
+        if let Some(n) = info["packed_nid"].as_u64().filter(|&n| n > 0) {
+            let b = first_data_block(&img, None, Some(n)).expect("packed inode data");
+            assert_eq!(b % unit, 0, "{args:?}: packed inode at block {b}");
+        }
+        assert_image_holds(&img, &tree, &d.path().join("x"), &format!("{args:?}"));
+        let one = d.path().join("j1.erofs");
+        build(
+            &tree,
+            &one,
+            &[opts, &["--dsunit", "8", "-j", "1"][..]].concat(),
+        );
+        assert_eq!(
+            std::fs::read(&img).expect("read"),
+            std::fs::read(&one).expect("read"),
+            "{args:?}: -j 1 and -j 2 differ"
+        );
+        // Without the unit the same tree packs tighter.
+        build(&tree, &one, opts);
+        assert!(
+            std::fs::metadata(&one).expect("stat").len()
+                < std::fs::metadata(&img).expect("stat").len(),
+            "{args:?}"
+        );
+    }
+    // Larger than a chunk: ignored, said so.
+    let out = run(&[
+        &"build",
+        &"-z",
+        &"none",
+        &"--chunksize",
+        &"16384",
+        &"--dsunit",
+        &"8",
+        &tree,
+        &d.path().join("c.erofs"),
+    ]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--dsunit 8 ignored"), "{err}");
+    // On a device holding old bytes the gaps are cleared: the device then holds the
+    // file's image byte for byte.
+    let lo = Loop::new(&d.path().join("backing"), 8 << 20);
+    std::fs::write(&lo.dev, vec![0xA5u8; 8 << 20]).expect("fill device");
+    for opts in [&["-z", "none"][..], &["-z", "lz4hc", "-E", "smallest"][..]] {
+        let args = [opts, &["--dsunit", "8", "-T", "0"][..]].concat();
+        let img = d.path().join("a.erofs");
+        build(&tree, &img, &args);
+        build(&tree, &lo.dev, &args);
+        let want = std::fs::read(&img).expect("read");
+        let mut got = std::fs::read(&lo.dev).expect("read device");
+        got.truncate(want.len());
+        assert!(got == want, "{args:?}: the device differs from the file");
+    }
+}

@@ -12,13 +12,12 @@ use anyhow::{bail, Result};
 use std::ffi::OsString;
 
 /// mkfs.erofs options ferofs knows but does not implement (a clear error).
-const UNSUPPORTED_LONG: [&str; 8] = [
+const UNSUPPORTED_LONG: [&str; 7] = [
     "blobdev",
     "incremental",
     "gzinfo",
     "vmdk-desc",
     "zD",
-    "MZ",
     "random-pclusterblks",
     "random-algorithms",
 ];
@@ -99,6 +98,14 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                 "async-queue-limit" => {
                     value()?;
                 }
+                // A separate metadata zone (inodes and directory blocks together):
+                // ferofs always lays every inode and directory block out in one
+                // region behind the data; it has no other layout to turn off.
+                "MZ" if matches!(inline.as_deref(), None | Some("0" | "i" | "d" | "id" | "di")) => {}
+                "MZ" => bail!(
+                    "mkfs.erofs: --MZ={}: the flags are 0, i and d",
+                    inline.as_deref().unwrap_or("")
+                ),
                 // A full build is all ferofs does (mkfs.erofs's default).
                 "clean" if matches!(inline.as_deref(), None | Some("data")) => {}
                 "clean" => bail!(
@@ -617,6 +624,18 @@ mod tests {
             t(&["--chunksize", "8192", "-zlz4", "o", "s"]).expect("translate"),
             ["-z", "lz4", "s", "o"]
         );
+    }
+
+    #[test]
+    fn metadata_zone_is_what_ferofs_always_does() {
+        for mz in ["--MZ", "--MZ=id", "--MZ=0", "--MZ=d"] {
+            assert_eq!(
+                t(&["-zlz4", mz, "o", "s"]).expect("translate"),
+                ["-z", "lz4", "s", "o"],
+                "{mz}"
+            );
+        }
+        assert!(t(&["--MZ=x", "o", "s"]).is_err());
     }
 
     #[test]

@@ -205,6 +205,7 @@ impl DataWriter<'_> {
         let nchunks = size.div_ceil(cs);
         let mut map = Vec::with_capacity(usize::try_from(nchunks).unwrap_or(0));
         let mut any_hole = false;
+        let mut any_data = false;
         let mut k = 0usize;
         for c in 0..nchunks {
             let cstart = c * cs;
@@ -219,9 +220,10 @@ impl DataWriter<'_> {
                 continue;
             }
             let len = (cend.min(size)) - cstart;
-            if map.iter().all(|&b| b == u32::MAX) {
+            if !any_data {
                 // The file's first data chunk.
                 align_next(self.out, &mut self.next_blk, self.align, bits)?;
+                any_data = true;
             }
             let blk = self.copy(f, cstart, len)?;
             let blk = u32::try_from(blk).map_err(|_| {

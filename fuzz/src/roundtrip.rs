@@ -17,6 +17,8 @@
 //!   those files stored uncompressed instead when alg2 >= 0xC0),
 //!   128 block size 512 << (bsize % 4) (else 4096)
 //!   bsize: also 16 the 48-bit layout, 32 no "." entries (dot-omitted)
+//!   level >= 0xE0: full indexes for every compressed file (`-E legacy-compress`)
+//!   alg2 & 32: every file's data at a multiple of 2 + level % 7 blocks (`--dsunit`)
 //! root    meta
 //! entry*  op parent name (meta kind-data | target)     (until the input ends; at most 48)
 //!   op % 8: 0 directory, 1 2 7 regular file, 3 symlink, 4 hardlink, 5 device, 6 fifo
@@ -337,6 +339,11 @@ fn spec_options(r: &mut In) -> BuildOptions {
         inline_data: flags & 32 == 0,
         layout48: bsize & 16 != 0,
         dot_omitted: bsize & 32 != 0,
+        dsunit: if alg2 & 32 != 0 {
+            2 + u32::from(level % 7)
+        } else {
+            0
+        },
         threads: 1,
         ..Default::default()
     }

@@ -52,6 +52,9 @@ pub struct ChunkStore {
     pub deduped: u64,
     /// Bytes of data chunks that held only zeros (stored as holes).
     pub zeros: u64,
+    /// The device the chunks go to: 0 the image; 1 a `--blobdev` blob, where every
+    /// file is chunk-indexed (no flat files, no inline tails: those live in the image).
+    device: u16,
 }
 
 impl ChunkStore {
@@ -65,6 +68,20 @@ impl ChunkStore {
             pending_at: 0,
             deduped: 0,
             zeros: 0,
+            device: 0,
+        }
+    }
+
+    /// Chunks for an extra device (`--blobdev`): written from its block 0 by the
+    /// caller's `out`, every file chunk-indexed on device 1.
+    pub fn for_blob(opts: ChunkOptions) -> Self {
+        ChunkStore {
+            opts: ChunkOptions {
+                indexes: true,
+                ..opts
+            },
+            device: 1,
+            ..ChunkStore::new(opts)
         }
     }
 
@@ -152,7 +169,11 @@ impl ChunkStore {
                 path.display()
             )));
         }
-        let tail_len = if inline_tail { size % bs } else { 0 };
+        let tail_len = if inline_tail && self.device == 0 {
+            size % bs
+        } else {
+            0
+        };
         // Every chunk so far written now, one after another.
         let mut fresh = true;
         let mut map: Vec<u32> = Vec::with_capacity(n as usize);
@@ -204,7 +225,7 @@ impl ChunkStore {
             }
         }
         f.unchanged()?;
-        if fresh {
+        if fresh && self.device == 0 {
             return Ok(FileData::Flat {
                 startblk: *next_blk - size.div_ceil(bs),
                 nblocks: size.div_ceil(bs),
@@ -217,6 +238,7 @@ impl ChunkStore {
             chunk_rel,
             map,
             indexes: self.opts.indexes,
+            device: self.device,
         })
     }
 

@@ -20,11 +20,13 @@ pub enum FileData {
         tail: crate::layout::Tail,
     },
     /// Chunk-based: chunk size = blksz << `chunk_rel`; block map (u32::MAX = hole),
-    /// written as 8-byte chunk indexes when `indexes`.
+    /// written as 8-byte chunk indexes when `indexes`, on device `device` (0: the
+    /// image; 1: the `--blobdev` blob, always with indexes).
     Chunked {
         chunk_rel: u8,
         map: Vec<u32>,
         indexes: bool,
+        device: u16,
     },
 }
 
@@ -244,6 +246,7 @@ impl DataWriter<'_> {
             chunk_rel: rel as u8,
             map,
             indexes: false,
+            device: 0,
         }))
     }
 }

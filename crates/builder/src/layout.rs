@@ -92,6 +92,8 @@ pub enum Layout {
         chunk_rel: u8,
         map: Vec<u32>,
         indexes: bool,
+        /// The device of every block in `map` (0: the image; 1: the `--blobdev` blob).
+        device: u16,
     },
     /// CHUNK_BASED with 8-byte chunk indexes: `count` chunks of block size <<
     /// `chunk_rel`, contiguous from block `blkaddr` of extra device `device` (tar index
@@ -160,10 +162,12 @@ impl From<FileData> for Layout {
                 chunk_rel,
                 map,
                 indexes,
+                device,
             } => Layout::Chunked {
                 chunk_rel,
                 map,
                 indexes,
+                device,
             },
         }
     }

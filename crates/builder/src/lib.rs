@@ -158,6 +158,28 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     if o.fragments != Fragments::Off {
         plan::add_packed_inode(&mut tree, build_time);
     }
+    if let Some(blob) = &o.blobdev {
+        let same = blob == output
+            || matches!(
+                (std::fs::canonicalize(blob), std::fs::canonicalize(output)),
+                (Ok(a), Ok(b)) if a == b
+            );
+        if same {
+            return Err(BuildError::Options(format!(
+                "--blobdev {}: the blob and the image must be different files",
+                blob.display()
+            )));
+        }
+        if o.compression.is_some() || o.chunks.is_none() || !tree.devices.is_empty() {
+            return Err(BuildError::Options(
+                "--blobdev: chunks of an uncompressed image (--chunksize, -z none), not with \
+                 a tar index"
+                    .into(),
+            ));
+        }
+        // The blob's slot in the device table; its size is known once the data is.
+        tree.devices = vec![0];
+    }
     let mut plan = plan::plan(&tree, build_time, o)?;
     if o.verity.is_some() && o.output_offset != 0 {
         return Err(BuildError::Options(
@@ -174,6 +196,10 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
         m => m / 8,
     });
     let mut placed = place::store_data(&tree, &plan, o, &mut out)?;
+    let blob = placed.blob.take();
+    if let (Some((_, blocks)), Some(slot)) = (&blob, plan.cfg.devices.first_mut()) {
+        *slot = *blocks;
+    }
     if let (Some(id), Some(p)) = (tree.packed, &placed.packed) {
         plan.set_file_size(id, p.size);
         place::store_packed(id, &plan, o, &mut out, &mut placed)?;
@@ -195,6 +221,10 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
         let image = write::write_image(out, &tree, &plan, &meta, &blobs, o)?;
         (image, metabox::Stats::default())
     };
+    // The blob goes into place once the image has: a failed build leaves neither.
+    if let Some((b, _)) = blob {
+        b.finish(o.fsync)?;
+    }
     let mut r = report(
         &tree.nodes[..inodes],
         tree.packed,

@@ -127,6 +127,11 @@ pub struct BuildOptions {
     /// warning, as mkfs.erofs); a file whose first chunk or pcluster is shared with
     /// another file's stays where that one is.
     pub dsunit: u32,
+    /// `--blobdev`: with `chunks` (uncompressed), every regular file's data goes, as
+    /// chunks, to this file or block device, an extra device of the image (device 1,
+    /// chunk indexes); the image keeps the metadata only. Mounted with `-o
+    /// device=BLOB`, or the image and the blob concatenated.
+    pub blobdev: Option<PathBuf>,
 }
 
 /// Which inode core every inode gets.
@@ -221,6 +226,7 @@ impl Default for BuildOptions {
             output_offset: 0,
             fs_align_blocks: 1,
             dsunit: 0,
+            blobdev: None,
         }
     }
 }

@@ -39,6 +39,8 @@ pub struct Placed {
     pub fragment_alt: u64,
     /// See [`BuildReport::warnings`].
     pub warnings: Vec<String>,
+    /// `--blobdev`: the blob being written and its length in blocks.
+    pub blob: Option<(Out, u64)>,
 }
 
 /// The figures of [`Placed`] the build report needs.
@@ -74,6 +76,7 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
         fragment_bytes: 0,
         fragment_alt: 0,
         warnings: Vec::new(),
+        blob: None,
     };
     // Files on an extra device (tar index mode) only get chunk indexes pointing there.
     for (id, nd) in tree.nodes.iter().enumerate() {
@@ -226,6 +229,36 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
                 placed.packed = Some(fs.finish());
             }
         }
+    } else if let (Some(blob), Some(copts)) = (&o.blobdev, o.chunks) {
+        // Every file's chunks to the blob, from its block 0; the image holds none.
+        let mut blob_out = Out::create(blob, 0)?;
+        let mut chunks = crate::chunks::ChunkStore::for_blob(copts);
+        let mut align = u64::from(o.dsunit);
+        if align > 1u64 << copts.bits.saturating_sub(plan.bits) {
+            placed.warnings.push(format!(
+                "--dsunit {align} ignored: larger than a chunk ({} blocks)",
+                1u64 << copts.bits.saturating_sub(plan.bits)
+            ));
+            align = 0;
+        }
+        let mut dw = DataWriter {
+            out: &mut blob_out,
+            blkszbits: plan.bits,
+            next_blk: 0,
+            buf: Vec::new(),
+            chunks: Some(&mut chunks),
+            align,
+        };
+        for (k, &(id, _, src, size)) in files.iter().enumerate() {
+            if dup_of[k].is_none() {
+                placed.layouts[id] = dw.store_file(src, size, false)?.into();
+            }
+            progress.add_done(size);
+        }
+        let blocks = dw.next_blk;
+        placed.dedupe_saved += chunks.deduped;
+        blob_out.set_len(blocks << plan.bits)?;
+        placed.blob = Some((blob_out, blocks));
     } else {
         let mut chunks = o.chunks.map(crate::chunks::ChunkStore::new);
         let mut align = u64::from(o.dsunit);

@@ -96,7 +96,10 @@ pub fn encode(
         (Layout::Inline { tail, .. }, _) => rec.extend_from_slice(&tail.bytes()?),
         (
             Layout::Chunked {
-                map, indexes: true, ..
+                map,
+                indexes: true,
+                device,
+                ..
             },
             _,
         ) => {
@@ -104,7 +107,8 @@ pub fn encode(
             for &m in map {
                 let e = ferofs_format::chunk::ChunkIndex {
                     startblk_hi: 0,
-                    device_id: 0,
+                    // A hole is a hole on any device.
+                    device_id: if m == u32::MAX { 0 } else { *device },
                     startblk_lo: m,
                 };
                 rec.extend_from_slice(&e.encode());

@@ -129,6 +129,13 @@ pub struct BuildArgs {
     /// block map entries.
     #[arg(long, value_name = "BYTES")]
     chunksize: Option<u32>,
+    /// With --chunksize: every regular file's data goes, as chunks (deduplicated as
+    /// --chunksize says), to BLOB, a file or block device that becomes the image's
+    /// extra device; the image keeps the metadata only (as mkfs.erofs's `--blobdev`).
+    /// Mount with `mount -o loop,device=/dev/loopN IMAGE DIR` (BLOB on a loop device);
+    /// `ferofs` reads the image and BLOB concatenated (`cat IMAGE BLOB`).
+    #[arg(long, value_name = "BLOB")]
+    blobdev: Option<PathBuf>,
     /// Round the image's size up to a multiple of N blocks (N rounded up to a power of
     /// two; the blocks added are zeros), as mkfs.erofs's `--fsalignblks`: e.g. for a
     /// partition or a disk image that wants whole MiB.
@@ -432,6 +439,21 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
         });
     } else if ext.chunk_indexes {
         bail!("-E force-chunk-indexes needs --chunksize");
+    }
+    if let Some(b) = &a.blobdev {
+        if a.chunksize.is_none() {
+            bail!("--blobdev needs --chunksize (the data goes to the blob as chunks)");
+        }
+        if a.extended.iter().any(|e| {
+            e.split(',')
+                .any(|f| f.trim_start_matches('^') == "force-inode-blockmap")
+        }) {
+            bail!("--blobdev: chunks on another device need chunk indexes, not -E force-inode-blockmap");
+        }
+        if a.compress != "none" {
+            bail!("--blobdev applies to uncompressed images (-z none)");
+        }
+        o.blobdev = Some(b.clone());
     }
     if let Some(s) = &a.sort {
         o.sort = read_sort_list(s)?;

@@ -12,8 +12,7 @@ use anyhow::{bail, Result};
 use std::ffi::OsString;
 
 /// mkfs.erofs options ferofs knows but does not implement (a clear error).
-const UNSUPPORTED_LONG: [&str; 7] = [
-    "blobdev",
+const UNSUPPORTED_LONG: [&str; 6] = [
     "incremental",
     "gzinfo",
     "vmdk-desc",
@@ -23,7 +22,7 @@ const UNSUPPORTED_LONG: [&str; 7] = [
 ];
 
 /// Long options whose value may be the next argument.
-const LONG_WITH_VALUE: [&str; 18] = [
+const LONG_WITH_VALUE: [&str; 19] = [
     "root-xattr-isize",
     "max-extent-bytes",
     "file-contexts",
@@ -42,6 +41,7 @@ const LONG_WITH_VALUE: [&str; 18] = [
     "offset",
     "fsalignblks",
     "dsunit",
+    "blobdev",
 ];
 
 /// The `ferofs build` arguments (after `build`) for mkfs.erofs's `args` (after the
@@ -128,7 +128,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                 }
                 "force-uid" | "force-gid" | "uid-offset" | "gid-offset" | "exclude-path"
                 | "exclude-regex" | "compress-hints" | "offset" | "fsalignblks"
-                | "dsunit" | "file-contexts" | "root-xattr-isize" => {
+                | "dsunit" | "blobdev" | "file-contexts" | "root-xattr-isize" => {
                     let v = value()?;
                     out.push(format!("--{name}").into());
                     out.push(v.into());
@@ -714,7 +714,7 @@ mod tests {
     #[test]
     fn unimplemented_options_are_named() {
         for (args, what) in [
-            (&["--blobdev", "d", "o", "s"][..], "--blobdev"),
+            (&["--gzinfo", "o", "s"][..], "--gzinfo"),
             (&["--vmdk-desc=x", "o", "s"][..], "--vmdk-desc"),
             (&["--tar=headerball", "o"][..], "--tar=headerball"),
             (&["--bogus", "o", "s"][..], "--bogus"),

@@ -247,3 +247,165 @@ fn chunksize_and_inode_versions_are_checked() {
     ok(&[&"check", &img]);
     ferofs_testkit::fsck_erofs(&img).unwrap_or_else(|e| panic!("fsck.erofs: {e}"));
 }
+
+/// `--blobdev BLOB` (mkfs.erofs's option): every file's data goes to BLOB as chunks
+/// (deduplicated, zeros as holes), the image keeps only metadata and names BLOB as its
+/// extra device. The kernel mounts the image with BLOB as `device=` and the two
+/// concatenated alone; fsck.erofs (`--device`), `check` and `extract` read the tree;
+/// a failed build leaves neither file; the options it needs are checked.
+#[test]
+fn blobdev_puts_the_data_on_an_extra_device() {
+    if !kernel_available("blobdev_puts_the_data_on_an_extra_device") {
+        return;
+    }
+    let (fs, tree) = make_tree();
+    let r1 = chunky(&tree.join("chunky"));
+    let x = fs.path().join("x");
+    let img = fs.path().join("meta.erofs");
+    let blob = fs.path().join("blob.bin");
+    let plain = fs.path().join("plain.erofs");
+    build(&tree, &plain, &["-z", "none", "--chunksize", "65536"]);
+    let b = blob.to_str().expect("utf-8 path");
+    build(
+        &tree,
+        &img,
+        &["-z", "none", "--chunksize", "65536", "--blobdev", b],
+    );
+    let (img_len, blob_len) = (
+        std::fs::metadata(&img).expect("stat").len(),
+        std::fs::metadata(&blob).expect("stat").len(),
+    );
+    // The data is in the blob (r1 once: r2 and most of r3 share its chunks).
+    assert!(blob_len >= r1.len() as u64, "blob of {blob_len} bytes");
+    assert!(
+        blob_len < 2 * r1.len() as u64 + (160 << 20),
+        "blob of {blob_len} bytes"
+    );
+    let plain_len = std::fs::metadata(&plain).expect("stat").len();
+    assert!(
+        img_len + blob_len >= plain_len - (1 << 20) && img_len < plain_len / 2,
+        "image {img_len}, blob {blob_len}, one image {plain_len}"
+    );
+    let info = json(&ok(&[&"inspect", &"--json", &img]));
+    assert_eq!(info["extra_devices"].as_u64(), Some(1), "{info}");
+    // ferofs reads the two concatenated (the device table puts the blob right behind
+    // the image). Every file with data is chunk-based with 8-byte indexes, r2 on r1's
+    // chunks.
+    let both = fs.path().join("both.erofs");
+    let mut joined = std::fs::read(&img).expect("read");
+    joined.extend(std::fs::read(&blob).expect("read"));
+    std::fs::write(&both, joined).expect("write");
+    assert_eq!(layout(&both, "/chunky/small"), "chunk-based");
+    assert_eq!(chunk_format(&both, "/chunky/r2") & 0x20, 0x20);
+    assert_eq!(
+        physical(&extents(&both, "/chunky/r1")[0]),
+        physical(&extents(&both, "/chunky/r2")[0])
+    );
+    // The kernel: the blob as the extra device (a loop device), and concatenated.
+    let loopdev = ferofs_testkit::run(
+        std::process::Command::new("losetup")
+            .args(["-f", "--show", "-r"])
+            .arg(&blob),
+    );
+    let loopdev = loopdev.trim().to_string();
+    let mounted = std::panic::catch_unwind(|| {
+        let m = ferofs_testkit::scratch("blobdev-mnt");
+        ferofs_testkit::run(
+            std::process::Command::new("mount")
+                .args(["-t", "erofs", "-o"])
+                .arg(format!("ro,loop,device={loopdev}"))
+                .arg(&img)
+                .arg(m.path()),
+        );
+        let r = std::panic::catch_unwind(|| ferofs_testkit::assert_same_tree(&tree, m.path()));
+        let _ = std::process::Command::new("umount").arg(m.path()).status();
+        if let Err(e) = r {
+            std::panic::resume_unwind(e);
+        }
+    });
+    let _ = std::process::Command::new("losetup")
+        .arg("-d")
+        .arg(&loopdev)
+        .status();
+    if let Err(e) = mounted {
+        std::panic::resume_unwind(e);
+    }
+    if let Some(fsck) = ferofs_testkit::fsck_erofs_metabox() {
+        let out = std::process::Command::new(&fsck)
+            .arg(format!("--device={b}"))
+            .arg(&img)
+            .output()
+            .expect("run fsck.erofs");
+        assert!(
+            out.status.success(),
+            "fsck.erofs --device: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_image_holds(&both, &tree, &x, "image + blob");
+    // Reproducible, and the same blob for -j 1.
+    let (img1, blob1) = (fs.path().join("m1.erofs"), fs.path().join("b1.bin"));
+    let b1 = blob1.to_str().expect("utf-8 path");
+    build(
+        &tree,
+        &img1,
+        &[
+            "-z",
+            "none",
+            "--chunksize",
+            "65536",
+            "--blobdev",
+            b1,
+            "-j",
+            "1",
+        ],
+    );
+    assert!(std::fs::read(&blob1).expect("read") == std::fs::read(&blob).expect("read"));
+    // Refused: without --chunksize, with compression, with the block map, onto the
+    // image itself; and a build that fails leaves no blob.
+    let nob = fs.path().join("no.bin");
+    let n = nob.to_str().expect("utf-8 path");
+    let i = img.to_str().expect("utf-8 path");
+    for bad in [
+        &["-z", "none", "--blobdev", n][..],
+        &["-z", "lz4", "--chunksize", "65536", "--blobdev", n][..],
+        &[
+            "-z",
+            "none",
+            "--chunksize",
+            "65536",
+            "-E",
+            "force-inode-blockmap",
+            "--blobdev",
+            n,
+        ][..],
+        &["-z", "none", "--chunksize", "65536", "--blobdev", i][..],
+    ] {
+        let out = ferofs()
+            .arg("build")
+            .args(bad)
+            .arg(&tree)
+            .arg(&img)
+            .output()
+            .expect("run ferofs");
+        assert!(!out.status.success(), "{bad:?} accepted");
+        assert!(!nob.exists(), "{bad:?} left a blob");
+    }
+    let missing = fs.path().join("missing-source");
+    let out = ferofs()
+        .args([
+            "build",
+            "-z",
+            "none",
+            "--chunksize",
+            "65536",
+            "--blobdev",
+            n,
+        ])
+        .arg(&missing)
+        .arg(fs.path().join("never.erofs"))
+        .output()
+        .expect("run ferofs");
+    assert!(!out.status.success());
+    assert!(!nob.exists(), "a failed build left a blob");
+}

@@ -202,7 +202,7 @@ fn directory_command_lines_and_unimplemented_options() {
         "--vmdk-desc=x.vmdk",
         "--incremental=data",
         "--gzinfo",
-        "--blobdev=/dev/null",
+        "--random-algorithms",
     ] {
         let img = d.path().join("x.erofs");
         let out = Command::new(&mkfs)
@@ -402,10 +402,35 @@ fn fsck_and_dump_command_lines() {
     std::fs::write(&bad, &bytes).expect("write");
     let st = Command::new(&fsck).arg(&bad).output().expect("fsck bad");
     assert!(!st.status.success(), "a damaged image passed");
-    for (tool, opt) in [(&fsck, "--device=/dev/null"), (&dump, "--nid=36")] {
-        let out = Command::new(tool).arg(opt).arg(&img).output().expect("run");
+    for (tool, opts) in [
+        (&fsck, &["--device=/dev/null"][..]),
+        (&dump, &["--nid=36", "--ls"][..]),
+    ] {
+        let out = Command::new(tool)
+            .args(opts)
+            .arg(&img)
+            .output()
+            .expect("run");
         assert!(!out.status.success());
-        let name = opt.split('=').next().unwrap_or(opt);
-        assert!(String::from_utf8_lossy(&out.stderr).contains(name), "{opt}");
+        let name = opts[0].split('=').next().unwrap_or(opts[0]);
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(name),
+            "{opts:?}"
+        );
     }
+    // An inode by number (the root here).
+    let root = json(&ok(&[&"inspect", &"--json", &img]))["root_nid"]
+        .as_u64()
+        .expect("root nid");
+    let out = Command::new(&dump)
+        .arg(format!("--nid={root}"))
+        .arg(&img)
+        .output()
+        .expect("dump --nid");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("Nid: {root} ")) && text.contains("directory"),
+        "{text}"
+    );
 }

@@ -129,6 +129,18 @@ fn open_and_mount(o: &ferofs_mount::Options) -> Result<ferofs_mount::Mounted> {
             ferofs_mount::ImageSource::Shared(r),
         )?);
     }
+    if crate::source::has_devices() {
+        let file = std::fs::File::open(&o.image)
+            .with_context(|| format!("cannot open image {}", o.image.display()))?;
+        let f = ferofs_mount::OffsetFile::new(file, o.offset)
+            .with_context(|| format!("{}: --offset", o.image.display()))?;
+        if let Ok(j) = crate::source::joined(f, &o.image)? {
+            return Ok(ferofs_mount::mount_source(
+                o,
+                ferofs_mount::ImageSource::Shared(std::sync::Arc::new(j)),
+            )?);
+        }
+    }
     Ok(ferofs_mount::mount(o)?)
 }
 

@@ -20,6 +20,8 @@ pub enum Src {
     /// A file or block device, the image from byte `--offset` on.
     File(ferofs_mount::OffsetFile),
     Remote(Arc<Remote>),
+    /// The image and its extra devices (`--device`) in one address space.
+    Joined(Arc<ferofs_reader::source::Joined>),
 }
 
 /// The CLI's image type.
@@ -31,12 +33,14 @@ impl Source for Src {
         match self {
             Src::File(f) => f.read_exact_at(buf, offset),
             Src::Remote(r) => r.read_exact_at(buf, offset),
+            Src::Joined(j) => j.read_exact_at(buf, offset),
         }
     }
     fn size(&self) -> io::Result<u64> {
         match self {
             Src::File(f) => f.size(),
             Src::Remote(r) => r.size(),
+            Src::Joined(j) => j.size(),
         }
     }
 }
@@ -75,6 +79,12 @@ pub struct RemoteArgs {
     /// `--offset`).
     #[arg(long, global = true, value_name = "BYTES", default_value = "0")]
     pub offset: String,
+    /// An extra device of the image, in the order of its device table (repeat for
+    /// more): the blob of `build --blobdev`, the tar of `build --tar-index`, a
+    /// mkfs.erofs `--blobdev` blob. Read where the image's device table places it
+    /// (fsck.erofs's `--device`; the kernel's `-o device=`).
+    #[arg(long = "device", global = true, value_name = "FILE")]
+    pub devices: Vec<PathBuf>,
 }
 
 /// `--offset` in bytes.
@@ -175,9 +185,37 @@ pub fn open_src(image: &Path) -> Result<Src> {
             let file = std::fs::File::open(image).with_context(|| image.display().to_string())?;
             let f = ferofs_mount::OffsetFile::new(file, offset)
                 .with_context(|| format!("{}: --offset", image.display()))?;
-            Ok(Src::File(f))
+            match joined(f, image)? {
+                Ok(j) => Ok(Src::Joined(Arc::new(j))),
+                Err(f) => Ok(Src::File(f)),
+            }
         }
     }
+}
+
+/// Whether `--device` was given.
+pub fn has_devices() -> bool {
+    ARGS.get().is_some_and(|a| !a.devices.is_empty())
+}
+
+/// `image` (its bytes `f`) joined with the `--device` files, or `f` back when none
+/// was given.
+pub fn joined(
+    f: ferofs_mount::OffsetFile,
+    image: &Path,
+) -> Result<std::result::Result<ferofs_reader::source::Joined, ferofs_mount::OffsetFile>> {
+    let devices = ARGS.get().map(|a| a.devices.clone()).unwrap_or_default();
+    if devices.is_empty() {
+        return Ok(Err(f));
+    }
+    let mut devs: Vec<Arc<dyn Source>> = Vec::new();
+    for d in &devices {
+        let file = std::fs::File::open(d).with_context(|| format!("--device {}", d.display()))?;
+        devs.push(Arc::new(file));
+    }
+    let j = ferofs_reader::source::Joined::new(Arc::new(f), devs)
+        .map_err(|e| anyhow::anyhow!("{}: --device: {e}", image.display()))?;
+    Ok(Ok(j))
 }
 
 /// "cannot open image IMAGE: ERROR", with a hint of where the image is when the error

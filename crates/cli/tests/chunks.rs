@@ -343,6 +343,35 @@ fn blobdev_puts_the_data_on_an_extra_device() {
         );
     }
     assert_image_holds(&both, &tree, &x, "image + blob");
+    // The image and the blob as they are: `--device` (check, extract, FUSE mount).
+    let out = ok(&[&"check", &img, &"--device", &blob]);
+    assert!(out.starts_with("clean: 0 problems"), "{out}");
+    ok(&[&"extract", &"--device", &blob, &img, &x]);
+    ferofs_testkit::assert_same_tree(&tree, &x);
+    std::fs::remove_dir_all(&x).expect("rm");
+    {
+        let m = ferofs_testkit::scratch("blobdev-fuse");
+        ok(&[&"mount", &"--device", &blob, &img, &m.path()]);
+        let r = std::panic::catch_unwind(|| ferofs_testkit::assert_same_tree(&tree, m.path()));
+        let _ = std::process::Command::new("fusermount3")
+            .arg("-u")
+            .arg(m.path())
+            .status();
+        if let Err(e) = r {
+            std::panic::resume_unwind(e);
+        }
+    }
+    // Without the blob the data is missing (problems, not a crash); with one device
+    // too many, a clear error.
+    let out = run(&[&"check", &img]);
+    assert_eq!(out.status.code(), Some(1), "check without the blob");
+    let out = run(&[&"check", &img, &"--device", &blob, &"--device", &blob]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("2 extra device(s) given"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Reproducible, and the same blob for -j 1.
     let (img1, blob1) = (fs.path().join("m1.erofs"), fs.path().join("b1.bin"));
     let b1 = blob1.to_str().expect("utf-8 path");

@@ -71,3 +71,113 @@ impl<S: Source + ?Sized> Source for Arc<S> {
         (**self).size()
     }
 }
+
+/// An image and its extra devices as one address space (EROFS's unified addressing):
+/// the image from byte 0, each device from the place its device-table slot gives
+/// (`uniaddr` blocks). Where parts overlap, the later one is read; a read past every
+/// part, or into a gap between them, is an error (a chunk on a missing device).
+pub struct Joined {
+    /// (start, length, bytes), in the order given.
+    parts: Vec<(u64, u64, Arc<dyn Source>)>,
+}
+
+impl Joined {
+    /// `image`, then each of `devices` at the byte the image's device table puts it
+    /// (device `k` in slot `k`). Errors: no EROFS superblock, fewer slots than devices.
+    pub fn new(image: Arc<dyn Source>, devices: Vec<Arc<dyn Source>>) -> io::Result<Self> {
+        let bad = |m: String| io::Error::new(io::ErrorKind::InvalidData, m);
+        let at = {
+            let img = crate::Image::new(image.clone()).map_err(|e| bad(e.to_string()))?;
+            if img.devices.len() < devices.len() {
+                return Err(bad(format!(
+                    "{} extra device(s) given, the image's device table has {}",
+                    devices.len(),
+                    img.devices.len()
+                )));
+            }
+            let bits = u32::from(img.blkszbits);
+            img.devices
+                .iter()
+                .map(|d| {
+                    let blk = u64::from(d.uniaddr_lo) | (u64::from(d.uniaddr_hi) << 32);
+                    blk.checked_shl(bits)
+                        .filter(|p| p >> bits == blk)
+                        .ok_or_else(|| bad(format!("device at block {blk}: out of range")))
+                })
+                .collect::<io::Result<Vec<u64>>>()?
+        };
+        let mut parts = vec![(0, image.size()?, image)];
+        for (d, start) in devices.into_iter().zip(at) {
+            parts.push((start, d.size()?, d));
+        }
+        Ok(Joined { parts })
+    }
+}
+
+impl std::fmt::Debug for Joined {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let spans: Vec<(u64, u64)> = self.parts.iter().map(|(s, l, _)| (*s, *l)).collect();
+        f.debug_struct("Joined").field("parts", &spans).finish()
+    }
+}
+
+impl Source for Joined {
+    fn read_exact_at(&self, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
+        // Bounded: each pass reads at least one byte or returns.
+        while !buf.is_empty() {
+            let (idx, (s, l, src)) = self
+                .parts
+                .iter()
+                .enumerate()
+                .rev()
+                .find(|(_, (s, l, _))| offset >= *s && offset - *s < *l)
+                .ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!("byte {offset} is on no device given"),
+                    )
+                })?;
+            // Up to the part's end or the next later part that starts inside it.
+            let mut end = s + l;
+            for (s2, _, _) in &self.parts[idx + 1..] {
+                if *s2 > offset && *s2 < end {
+                    end = *s2;
+                }
+            }
+            let n = usize::try_from(end - offset).map_or(buf.len(), |n| n.min(buf.len()));
+            let (head, rest) = buf.split_at_mut(n);
+            src.read_exact_at(head, offset - s)?;
+            buf = rest;
+            offset += n as u64;
+        }
+        Ok(())
+    }
+
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.parts.iter().map(|(s, l, _)| s + l).max().unwrap_or(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn joined_reads_across_parts_and_prefers_later_ones() {
+        let j = Joined {
+            parts: vec![
+                (0, 8, Arc::new(vec![1u8; 8]) as Arc<dyn Source>),
+                (8, 4, Arc::new(vec![2u8; 4])),
+                (6, 4, Arc::new(vec![3u8; 4])),
+            ],
+        };
+        let mut b = [0u8; 12];
+        j.read_exact_at(&mut b, 0).expect("read");
+        assert_eq!(b, [1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 2, 2]);
+        assert_eq!(j.size().expect("size"), 12);
+        let e = j
+            .read_exact_at(&mut [0u8; 2], 11)
+            .expect_err("past the end");
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    }
+}

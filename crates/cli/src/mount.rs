@@ -120,6 +120,10 @@ pub fn run(a: MountArgs) -> Result<()> {
 fn open_and_mount(o: &ferofs_mount::Options) -> Result<ferofs_mount::Mounted> {
     if crate::source::is_url(&o.image) {
         anyhow::ensure!(o.offset == 0, "--offset is for image files, not URLs");
+        anyhow::ensure!(
+            !crate::source::has_devices(),
+            "--device is for image files, not URLs"
+        );
         let url = o.image.to_string_lossy();
         let r =
             crate::source::open_remote(&url).with_context(|| format!("cannot open image {url}"))?;

@@ -179,6 +179,7 @@ pub fn open_src(image: &Path) -> Result<Src> {
     match image.to_str() {
         Some(u) if ferofs_remote::is_url(u) => {
             anyhow::ensure!(offset == 0, "--offset is for image files, not URLs");
+            anyhow::ensure!(!has_devices(), "--device is for image files, not URLs");
             Ok(Src::Remote(open_remote(u)?))
         }
         _ => {

@@ -49,7 +49,8 @@ pub fn is_erofs_image(path: &Path) -> bool {
 /// An open source image, shared by every file read from it.
 pub struct ErofsImage {
     pub path: Arc<Path>,
-    pub img: Image,
+    /// The image, joined with its extra devices when `--device` names them.
+    pub img: Image<Arc<dyn ferofs_reader::Source>>,
 }
 
 impl std::fmt::Debug for ErofsImage {
@@ -183,7 +184,20 @@ fn rerr(path: &Path) -> impl Fn(ferofs_reader::Error) -> BuildError + '_ {
 
 /// Open the EROFS image at `path` and scan its tree.
 pub fn scan_image(path: &Path, opts: &BuildOptions) -> Result<Tree> {
-    let img = Image::open(path).map_err(rerr(path))?;
+    let io = |e: std::io::Error| invalid(path, format!("source image: {e}"));
+    let file = std::fs::File::open(path).map_err(io)?;
+    let src: Arc<dyn ferofs_reader::Source> = if opts.source_devices.is_empty() {
+        Arc::new(file)
+    } else {
+        let mut devs: Vec<Arc<dyn ferofs_reader::Source>> = Vec::new();
+        for d in &opts.source_devices {
+            let f = std::fs::File::open(d)
+                .map_err(|e| invalid(path, format!("--device {}: {e}", d.display())))?;
+            devs.push(Arc::new(f));
+        }
+        Arc::new(ferofs_reader::source::Joined::new(Arc::new(file), devs).map_err(io)?)
+    };
+    let img = Image::new(src).map_err(rerr(path))?;
     let image = Arc::new(ErofsImage {
         path: Arc::from(path),
         img,

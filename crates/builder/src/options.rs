@@ -132,6 +132,8 @@ pub struct BuildOptions {
     /// chunk indexes); the image keeps the metadata only. Mounted with `-o
     /// device=BLOB`, or the image and the blob concatenated.
     pub blobdev: Option<PathBuf>,
+    /// Extra devices of an EROFS source image (`--device`), in device-table order.
+    pub source_devices: Vec<PathBuf>,
 }
 
 /// Which inode core every inode gets.
@@ -227,6 +229,7 @@ impl Default for BuildOptions {
             fs_align_blocks: 1,
             dsunit: 0,
             blobdev: None,
+            source_devices: Vec::new(),
         }
     }
 }

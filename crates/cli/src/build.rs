@@ -613,6 +613,13 @@ pub fn run(a: BuildArgs) -> Result<()> {
         // library's.
         ferofs_compress::limit_malloc_arenas(2);
     }
+    if crate::source::has_devices()
+        && !(a.tar.is_empty()
+            && a.paths.len() == 2
+            && ferofs_builder::erofsin::is_erofs_image(&a.paths[0]))
+    {
+        bail!("--device: extra devices of an EROFS source image; this source is not one");
+    }
     let t0 = Instant::now();
     // The bar only on a terminal: a log or a pipe gets no carriage returns.
     let view = (!a.quiet && std::io::stderr().is_terminal()).then(|| {
@@ -643,7 +650,9 @@ pub fn run(a: BuildArgs) -> Result<()> {
             std::fs::metadata(src).is_ok_and(|m| m.file_type().is_block_device())
         };
         if image_like && ferofs_builder::erofsin::is_erofs_image(src) {
-            // An EROFS image (magic at byte 1024): re-encode it.
+            // An EROFS image (magic at byte 1024): re-encode it, with its extra
+            // devices when `--device` names them.
+            opts.source_devices = crate::source::devices();
             ferofs_builder::build_from_erofs(src, &image, &opts)
         } else {
             ferofs_builder::build_from_dir(src, &image, &opts)

@@ -194,6 +194,11 @@ pub fn open_src(image: &Path) -> Result<Src> {
     }
 }
 
+/// The `--device` files, in order.
+pub fn devices() -> Vec<PathBuf> {
+    ARGS.get().map(|a| a.devices.clone()).unwrap_or_default()
+}
+
 /// Whether `--device` was given.
 pub fn has_devices() -> bool {
     ARGS.get().is_some_and(|a| !a.devices.is_empty())

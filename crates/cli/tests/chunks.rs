@@ -361,6 +361,22 @@ fn blobdev_puts_the_data_on_an_extra_device() {
             std::panic::resume_unwind(e);
         }
     }
+    // Re-encoded from the image and its blob (`build --device`): compressed, alone.
+    let re = fs.path().join("re.erofs");
+    ok(&[
+        &"build",
+        &"-q",
+        &"-z",
+        &"lz4",
+        &"--device",
+        &blob,
+        &img,
+        &re,
+    ]);
+    {
+        let m = ferofs_testkit::Mount::erofs(&re);
+        ferofs_testkit::assert_same_tree(&tree, m.path());
+    }
     // Without the blob the data is missing (problems, not a crash); with one device
     // too many, a clear error.
     let out = run(&[&"check", &img]);

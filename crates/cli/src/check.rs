@@ -974,6 +974,24 @@ pub fn run(a: CheckArgs) -> Result<bool> {
         }
     };
     let image_len = img.source().size()?;
+    // Extra devices the image's data may be on, neither given nor behind it.
+    let bs = u64::from(img.block_size());
+    let devices_end = img
+        .device_slots()
+        .iter()
+        .map(|d| {
+            let at = u64::from(d.uniaddr_lo) | (u64::from(d.uniaddr_hi) << 32);
+            let n = u64::from(d.blocks_lo) | (u64::from(d.blocks_hi) << 32);
+            at.saturating_add(n).saturating_mul(bs)
+        })
+        .max()
+        .unwrap_or(0);
+    if devices_end > image_len && !crate::source::has_devices() {
+        eprintln!(
+            "note: the image has {} extra device(s) (data stored elsewhere: a --blobdev blob, the tar of a tar index); give them with --device FILE",
+            img.device_slots().len()
+        );
+    }
     let rep = check_image(&img, image_len, a.verbose, &bad_blocks);
     if let Some(v) = &verity {
         problems.extend(verity_problems(v, &rep.watched));

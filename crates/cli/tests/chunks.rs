@@ -381,6 +381,13 @@ fn blobdev_puts_the_data_on_an_extra_device() {
     // too many, a clear error.
     let out = run(&[&"check", &img]);
     assert_eq!(out.status.code(), Some(1), "check without the blob");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("give them with --device FILE"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(&[&"check", &both]);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("--device"));
     let out = run(&[&"check", &img, &"--device", &blob, &"--device", &blob]);
     assert_eq!(out.status.code(), Some(2));
     assert!(

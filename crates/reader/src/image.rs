@@ -225,6 +225,10 @@ impl<S: Source> Image<S> {
     pub fn superblock(&self) -> &Superblock {
         &self.sb
     }
+    /// The device table's slots (extra devices), in device order.
+    pub fn device_slots(&self) -> &[DeviceSlot] {
+        &self.devices
+    }
     /// The bytes the image is read from.
     pub fn source(&self) -> &S {
         &self.src

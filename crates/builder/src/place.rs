@@ -233,14 +233,7 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
         // Every file's chunks to the blob, from its block 0; the image holds none.
         let mut blob_out = Out::create(blob, 0)?;
         let mut chunks = crate::chunks::ChunkStore::for_blob(copts);
-        let mut align = u64::from(o.dsunit);
-        if align > 1u64 << copts.bits.saturating_sub(plan.bits) {
-            placed.warnings.push(format!(
-                "--dsunit {align} ignored: larger than a chunk ({} blocks)",
-                1u64 << copts.bits.saturating_sub(plan.bits)
-            ));
-            align = 0;
-        }
+        let align = chunk_align(o, copts, plan.bits, &mut placed.warnings);
         let mut dw = DataWriter {
             out: &mut blob_out,
             blkszbits: plan.bits,
@@ -261,18 +254,10 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
         placed.blob = Some((blob_out, blocks));
     } else {
         let mut chunks = o.chunks.map(crate::chunks::ChunkStore::new);
-        let mut align = u64::from(o.dsunit);
-        if let Some(c) = o.chunks {
-            // As mkfs.erofs: a unit larger than a chunk is not kept (chunks shared
-            // between files would break it anyway).
-            if align > 1 && align > 1u64 << c.bits.saturating_sub(plan.bits) {
-                placed.warnings.push(format!(
-                    "--dsunit {align} ignored: larger than a chunk ({} blocks)",
-                    1u64 << c.bits.saturating_sub(plan.bits)
-                ));
-                align = 0;
-            }
-        }
+        let align = match o.chunks {
+            Some(c) => chunk_align(o, c, plan.bits, &mut placed.warnings),
+            None => u64::from(o.dsunit),
+        };
         let mut dw = DataWriter {
             out,
             blkszbits: plan.bits,
@@ -299,6 +284,20 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
     // Files stored without compressing them (small, holes, no gain) count here.
     progress.finish();
     Ok(placed)
+}
+
+/// `--dsunit` for chunks of `c`: as mkfs.erofs, a unit larger than a chunk is not kept
+/// (chunks shared between files would break it anyway), and a warning says so.
+fn chunk_align(o: &BuildOptions, c: ChunkOptions, bits: u8, warnings: &mut Vec<String>) -> u64 {
+    let align = u64::from(o.dsunit);
+    let chunk_blocks = 1u64 << c.bits.saturating_sub(bits);
+    if align > 1 && align > chunk_blocks {
+        warnings.push(format!(
+            "--dsunit {align} ignored: larger than a chunk ({chunk_blocks} blocks)"
+        ));
+        return 0;
+    }
+    align
 }
 
 /// A file name this many files that go whole to the packed inode share makes a group.

@@ -164,11 +164,10 @@ impl DataWriter<'_> {
         let size = data.len() as u64;
         let tail_len = if inline_tail { size % bs } else { 0 };
         let (body, tail) = data.split_at((size - tail_len) as usize);
+        let mut startblk = 0;
         if !body.is_empty() {
             align_next(self.out, &mut self.next_blk, self.align, self.blkszbits)?;
-        }
-        let startblk = self.next_blk;
-        if !body.is_empty() {
+            startblk = self.next_blk;
             let padded = (body.len() as u64).div_ceil(bs) * bs;
             let whole = body.len() - body.len() % bs as usize;
             if whole > 0 {
@@ -184,7 +183,7 @@ impl DataWriter<'_> {
             self.next_blk += padded / bs;
         }
         Ok(FileData::Flat {
-            startblk: if body.is_empty() { 0 } else { startblk },
+            startblk,
             nblocks: (body.len() as u64).div_ceil(bs),
             tail: self.out.keep_tail(tail.to_vec())?,
         })

@@ -189,13 +189,8 @@ pub fn scan_image(path: &Path, opts: &BuildOptions) -> Result<Tree> {
     let src: Arc<dyn ferofs_reader::Source> = if opts.source_devices.is_empty() {
         Arc::new(file)
     } else {
-        let mut devs: Vec<Arc<dyn ferofs_reader::Source>> = Vec::new();
-        for d in &opts.source_devices {
-            let f = std::fs::File::open(d)
-                .map_err(|e| invalid(path, format!("--device {}: {e}", d.display())))?;
-            devs.push(Arc::new(f));
-        }
-        Arc::new(ferofs_reader::source::Joined::new(Arc::new(file), devs).map_err(io)?)
+        let j = ferofs_reader::source::Joined::open(Arc::new(file), &opts.source_devices);
+        Arc::new(j.map_err(|e| invalid(path, format!("source image, --device: {e}")))?)
     };
     let img = Image::new(src).map_err(rerr(path))?;
     let image = Arc::new(ErofsImage {

@@ -158,28 +158,7 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     if o.fragments != Fragments::Off {
         plan::add_packed_inode(&mut tree, build_time);
     }
-    if let Some(blob) = &o.blobdev {
-        let same = blob == output
-            || matches!(
-                (std::fs::canonicalize(blob), std::fs::canonicalize(output)),
-                (Ok(a), Ok(b)) if a == b
-            );
-        if same {
-            return Err(BuildError::Options(format!(
-                "--blobdev {}: the blob and the image must be different files",
-                blob.display()
-            )));
-        }
-        if o.compression.is_some() || o.chunks.is_none() || !tree.devices.is_empty() {
-            return Err(BuildError::Options(
-                "--blobdev: chunks of an uncompressed image (--chunksize, -z none), not with \
-                 a tar index"
-                    .into(),
-            ));
-        }
-        // The blob's slot in the device table; its size is known once the data is.
-        tree.devices = vec![0];
-    }
+    place::reserve_blob_slot(&mut tree, output, o)?;
     let mut plan = plan::plan(&tree, build_time, o)?;
     if o.verity.is_some() && o.output_offset != 0 {
         return Err(BuildError::Options(

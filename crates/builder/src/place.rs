@@ -229,39 +229,30 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
                 placed.packed = Some(fs.finish());
             }
         }
-    } else if let (Some(blob), Some(copts)) = (&o.blobdev, o.chunks) {
-        // Every file's chunks to the blob, from its block 0; the image holds none.
-        let mut blob_out = Out::create(blob, 0)?;
-        let mut chunks = crate::chunks::ChunkStore::for_blob(copts);
-        let align = chunk_align(o, copts, plan.bits, &mut placed.warnings);
-        let mut dw = DataWriter {
-            out: &mut blob_out,
-            blkszbits: plan.bits,
-            next_blk: 0,
-            buf: Vec::new(),
-            chunks: Some(&mut chunks),
-            align,
-        };
-        for (k, &(id, _, src, size)) in files.iter().enumerate() {
-            if dup_of[k].is_none() {
-                placed.layouts[id] = dw.store_file(src, size, false)?.into();
-            }
-            progress.add_done(size);
-        }
-        let blocks = dw.next_blk;
-        placed.dedupe_saved += chunks.deduped;
-        blob_out.set_len(blocks << plan.bits)?;
-        placed.blob = Some((blob_out, blocks));
     } else {
-        let mut chunks = o.chunks.map(crate::chunks::ChunkStore::new);
+        // `--blobdev`: every file's chunks go to the blob, from its block 0 (the image
+        // holds none; `reserve_blob_slot` made sure chunks are on).
+        let mut blob = o
+            .blobdev
+            .as_deref()
+            .map(|b| Out::create(b, 0))
+            .transpose()?;
+        let mut chunks = o.chunks.map(|c| match blob {
+            Some(_) => crate::chunks::ChunkStore::for_blob(c),
+            None => crate::chunks::ChunkStore::new(c),
+        });
         let align = match o.chunks {
             Some(c) => chunk_align(o, c, plan.bits, &mut placed.warnings),
             None => u64::from(o.dsunit),
         };
+        let (target, first_blk) = match blob.as_mut() {
+            Some(b) => (b, 0),
+            None => (&mut *out, plan.first_blk),
+        };
         let mut dw = DataWriter {
-            out,
+            out: target,
             blkszbits: plan.bits,
-            next_blk: plan.first_blk,
+            next_blk: first_blk,
             buf: Vec::new(),
             chunks: chunks.as_mut(),
             align,
@@ -272,8 +263,15 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
             }
             progress.add_done(size);
         }
-        placed.end_blk = dw.next_blk;
+        let end = dw.next_blk;
         placed.dedupe_saved += chunks.map_or(0, |c| c.deduped);
+        match blob {
+            Some(mut b) => {
+                b.set_len(end << plan.bits)?;
+                placed.blob = Some((b, end));
+            }
+            None => placed.end_blk = end,
+        }
     }
     // Duplicates share the data of the file they copy (an earlier one: already placed).
     for (k, d) in dup_of.iter().enumerate() {
@@ -284,6 +282,38 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
     // Files stored without compressing them (small, holes, no gain) count here.
     progress.finish();
     Ok(placed)
+}
+
+/// `--blobdev`: checked against the output and the other options, and its slot in
+/// the device table reserved (its size is set once the data is placed).
+pub fn reserve_blob_slot(
+    tree: &mut Tree,
+    output: &std::path::Path,
+    o: &BuildOptions,
+) -> Result<()> {
+    let Some(blob) = &o.blobdev else {
+        return Ok(());
+    };
+    let same = blob == output
+        || matches!(
+            (std::fs::canonicalize(blob), std::fs::canonicalize(output)),
+            (Ok(a), Ok(b)) if a == b
+        );
+    if same {
+        return Err(BuildError::Options(format!(
+            "--blobdev {}: the blob and the image must be different files",
+            blob.display()
+        )));
+    }
+    if o.compression.is_some() || o.chunks.is_none() || !tree.devices.is_empty() {
+        return Err(BuildError::Options(
+            "--blobdev: chunks of an uncompressed image (--chunksize, -z none), not with \
+             a tar index"
+                .into(),
+        ));
+    }
+    tree.devices = vec![0];
+    Ok(())
 }
 
 /// `--dsunit` for chunks of `c`: as mkfs.erofs, a unit larger than a chunk is not kept

@@ -1265,9 +1265,9 @@ fn rework(
 /// Per-file commit state.
 struct Pending {
     extents: Vec<ExtentDesc>,
+    /// Where the file's data began (before `--dsunit` moved its first pcluster): a
+    /// roll-back to raw storage starts there again.
     first_blk: Option<u64>,
-    /// Where the data stood before `--dsunit` moved the first pcluster.
-    unaligned: Option<u64>,
     /// `FileReq::align`.
     align: u64,
     blocks: u64,
@@ -1501,7 +1501,6 @@ pub fn store_all(
                 Pending {
                     extents: Vec::new(),
                     first_blk: None,
-                    unaligned: None,
                     align: files[job.file].align,
                     blocks: 0,
                     last: None,
@@ -2017,10 +2016,7 @@ fn write_piece(
         blocks: blocks as u16,
         partial: false,
     });
-    if p.first_blk.is_none() {
-        p.first_blk = Some(*next_blk);
-        p.unaligned = Some(unaligned);
-    }
+    p.first_blk.get_or_insert(unaligned);
     p.blocks += blocks;
     *next_blk += blocks;
     Ok((blkaddr, blocks as u16))
@@ -2141,7 +2137,7 @@ fn roll_back(
     pcl: Option<&mut PclMap>,
 ) -> Result<Stored> {
     forget(p, pcl, 1 << bits);
-    if let Some(first) = p.unaligned.or(p.first_blk) {
+    if let Some(first) = p.first_blk {
         *next_blk = first;
     }
     store_raw(f, bytes.as_deref(), out, bits, next_blk)

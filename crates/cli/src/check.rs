@@ -979,11 +979,7 @@ pub fn run(a: CheckArgs) -> Result<bool> {
     let devices_end = img
         .device_slots()
         .iter()
-        .map(|d| {
-            let at = u64::from(d.uniaddr_lo) | (u64::from(d.uniaddr_hi) << 32);
-            let n = u64::from(d.blocks_lo) | (u64::from(d.blocks_hi) << 32);
-            at.saturating_add(n).saturating_mul(bs)
-        })
+        .map(|d| d.uniaddr().saturating_add(d.blocks()).saturating_mul(bs))
         .max()
         .unwrap_or(0);
     if devices_end > image_len && !crate::source::has_devices() {

@@ -138,12 +138,11 @@ fn open_and_mount(o: &ferofs_mount::Options) -> Result<ferofs_mount::Mounted> {
             .with_context(|| format!("cannot open image {}", o.image.display()))?;
         let f = ferofs_mount::OffsetFile::new(file, o.offset)
             .with_context(|| format!("{}: --offset", o.image.display()))?;
-        if let Ok(j) = crate::source::joined(f, &o.image)? {
-            return Ok(ferofs_mount::mount_source(
-                o,
-                ferofs_mount::ImageSource::Shared(std::sync::Arc::new(j)),
-            )?);
-        }
+        let j = crate::source::joined(f, &o.image)?;
+        return Ok(ferofs_mount::mount_source(
+            o,
+            ferofs_mount::ImageSource::Shared(std::sync::Arc::new(j)),
+        )?);
     }
     Ok(ferofs_mount::mount(o)?)
 }

@@ -186,10 +186,10 @@ pub fn open_src(image: &Path) -> Result<Src> {
             let file = std::fs::File::open(image).with_context(|| image.display().to_string())?;
             let f = ferofs_mount::OffsetFile::new(file, offset)
                 .with_context(|| format!("{}: --offset", image.display()))?;
-            match joined(f, image)? {
-                Ok(j) => Ok(Src::Joined(Arc::new(j))),
-                Err(f) => Ok(Src::File(f)),
+            if has_devices() {
+                return Ok(Src::Joined(Arc::new(joined(f, image)?)));
             }
+            Ok(Src::File(f))
         }
     }
 }
@@ -204,24 +204,10 @@ pub fn has_devices() -> bool {
     ARGS.get().is_some_and(|a| !a.devices.is_empty())
 }
 
-/// `image` (its bytes `f`) joined with the `--device` files, or `f` back when none
-/// was given.
-pub fn joined(
-    f: ferofs_mount::OffsetFile,
-    image: &Path,
-) -> Result<std::result::Result<ferofs_reader::source::Joined, ferofs_mount::OffsetFile>> {
-    let devices = ARGS.get().map(|a| a.devices.clone()).unwrap_or_default();
-    if devices.is_empty() {
-        return Ok(Err(f));
-    }
-    let mut devs: Vec<Arc<dyn Source>> = Vec::new();
-    for d in &devices {
-        let file = std::fs::File::open(d).with_context(|| format!("--device {}", d.display()))?;
-        devs.push(Arc::new(file));
-    }
-    let j = ferofs_reader::source::Joined::new(Arc::new(f), devs)
-        .map_err(|e| anyhow::anyhow!("{}: --device: {e}", image.display()))?;
-    Ok(Ok(j))
+/// `image` (its bytes `f`) joined with the `--device` files.
+pub fn joined(f: ferofs_mount::OffsetFile, image: &Path) -> Result<ferofs_reader::source::Joined> {
+    ferofs_reader::source::Joined::open(Arc::new(f), &devices())
+        .map_err(|e| anyhow::anyhow!("{}: --device: {e}", image.display()))
 }
 
 /// "cannot open image IMAGE: ERROR", with a hint of where the image is when the error

@@ -236,6 +236,16 @@ impl DeviceSlot {
             uniaddr_hi: u16_at(b, 74),
         }
     }
+
+    /// The device's first block in the unified address space.
+    pub fn uniaddr(&self) -> u64 {
+        u64::from(self.uniaddr_lo) | (u64::from(self.uniaddr_hi) << 32)
+    }
+
+    /// The device's size in blocks.
+    pub fn blocks(&self) -> u64 {
+        u64::from(self.blocks_lo) | (u64::from(self.blocks_hi) << 32)
+    }
 }
 
 /// Compression configuration record payload lengths written by mkfs (doc §1.5).

@@ -232,7 +232,7 @@ impl<S: Source> Image<S> {
                     "chunk on a device that does not exist",
                 )
             })?;
-            u64::from(d.uniaddr_lo) | (u64::from(d.uniaddr_hi) << 32)
+            d.uniaddr()
         };
         let phys = base
             .checked_add(blk)

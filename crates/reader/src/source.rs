@@ -99,7 +99,7 @@ impl Joined {
             img.devices
                 .iter()
                 .map(|d| {
-                    let blk = u64::from(d.uniaddr_lo) | (u64::from(d.uniaddr_hi) << 32);
+                    let blk = d.uniaddr();
                     blk.checked_shl(bits)
                         .filter(|p| p >> bits == blk)
                         .ok_or_else(|| bad(format!("device at block {blk}: out of range")))
@@ -111,6 +111,19 @@ impl Joined {
             parts.push((start, d.size()?, d));
         }
         Ok(Joined { parts })
+    }
+}
+
+impl Joined {
+    /// [`Joined::new`] with the devices opened from `paths` (an error names the path).
+    pub fn open(image: Arc<dyn Source>, paths: &[std::path::PathBuf]) -> io::Result<Self> {
+        let mut devices: Vec<Arc<dyn Source>> = Vec::with_capacity(paths.len());
+        for p in paths {
+            let f = std::fs::File::open(p)
+                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))?;
+            devices.push(Arc::new(f));
+        }
+        Joined::new(image, devices)
     }
 }
 

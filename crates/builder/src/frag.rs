@@ -407,6 +407,24 @@ pub struct Packed {
 }
 
 impl Packed {
+    /// Append `bytes` behind the fragments, 4-byte aligned (zeros between); returns
+    /// where they start in the packed inode's data (the long xattr prefix table).
+    pub fn append_aligned(&mut self, bytes: &[u8]) -> Result<u64> {
+        let at = self.size.div_ceil(4) * 4;
+        let mut buf = vec![0u8; (at - self.size) as usize];
+        buf.extend_from_slice(bytes);
+        let place = self.spool.put(&buf)?;
+        let mut segs = self.segs.to_vec();
+        segs.push(Segment {
+            start: self.size,
+            len: buf.len() as u64,
+            at: place,
+        });
+        self.segs = segs.into();
+        self.size += buf.len() as u64;
+        Ok(at)
+    }
+
     /// The packed inode's data as a source.
     pub fn source(&self) -> Source {
         Source::Spooled {

@@ -179,6 +179,14 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     if let (Some((_, blocks)), Some(slot)) = (&blob, plan.cfg.devices.first_mut()) {
         *slot = *blocks;
     }
+    // Long xattr prefixes go into the packed inode when there is one (kernels before
+    // the plain table's flag read them there), unless asked plain or in a metabox
+    // image (whose kernels read the plain table).
+    if let Some(p) = placed.packed.as_mut() {
+        if !plan.cfg.prefixes.is_empty() && !o.metabox && !o.plain_xattr_prefixes {
+            plan.prefixes_in_packed = Some(p.append_aligned(&plan.cfg.prefixes)?);
+        }
+    }
     if let (Some(id), Some(p)) = (tree.packed, &placed.packed) {
         plan.set_file_size(id, p.size);
         place::store_packed(id, &plan, o, &mut out, &mut placed)?;

@@ -248,6 +248,7 @@ pub fn build(
         inline_pcluster: layouts.iter().any(Layout::inline_pcluster),
         packed_nid,
         shared_pclusters: layouts.iter().any(Layout::shared),
+        prefixes_in_packed: plan.prefixes_in_packed,
     };
     Ok((write::finish(out, block0, &fields, plan, o)?, stats))
 }

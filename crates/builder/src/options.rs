@@ -134,6 +134,13 @@ pub struct BuildOptions {
     pub blobdev: Option<PathBuf>,
     /// Extra devices of an EROFS source image (`--device`), in device-table order.
     pub source_devices: Vec<PathBuf>,
+    /// `--xattr-prefix`: long xattr name prefixes (Linux 6.4+), full names such as
+    /// `trusted.overlay.`, in the order given (an xattr uses the first it starts with):
+    /// each such xattr stores only the rest of its name.
+    pub xattr_prefixes: Vec<Vec<u8>>,
+    /// `-E plain-xattr-prefixes`: the prefix table always in the image's metadata
+    /// (Linux 6.17+ read that beside a packed inode), never in the packed inode.
+    pub plain_xattr_prefixes: bool,
 }
 
 /// Which inode core every inode gets.
@@ -230,6 +237,8 @@ impl Default for BuildOptions {
             dsunit: 0,
             blobdev: None,
             source_devices: Vec::new(),
+            xattr_prefixes: Vec::new(),
+            plain_xattr_prefixes: false,
         }
     }
 }
@@ -297,6 +306,22 @@ impl BuildOptions {
                 return Err(BuildError::Options(format!(
                     "fragments pcluster size {p}: a multiple of the block size ({}), at most 1 MiB",
                     o.block_size
+                )));
+            }
+        }
+        if o.xattr_prefixes.len() > ferofs_format::xattr::MAX_LONG_PREFIXES {
+            return Err(BuildError::Options(format!(
+                "{} xattr name prefixes: at most {}",
+                o.xattr_prefixes.len(),
+                ferofs_format::xattr::MAX_LONG_PREFIXES
+            )));
+        }
+        for p in &o.xattr_prefixes {
+            if p.is_empty() || p.len() > ferofs_format::xattr::MAX_LONG_PREFIX_LEN {
+                return Err(BuildError::Options(format!(
+                    "xattr name prefix {:?}: 1 to {} bytes",
+                    String::from_utf8_lossy(p),
+                    ferofs_format::xattr::MAX_LONG_PREFIX_LEN
                 )));
             }
         }

@@ -40,6 +40,9 @@ pub struct Plan {
     pub cfg: ComprCfg,
     /// First block after block 0's superblock and records: the data region starts here.
     pub first_blk: u64,
+    /// Where the long-prefix table went into the packed inode's data (set once that
+    /// is laid out; None: it is plain, behind the superblock).
+    pub prefixes_in_packed: Option<u64>,
     /// Regular files' tails may go inline (`-E noinline_data` turns this off).
     inline_data: bool,
 }
@@ -200,7 +203,12 @@ fn most_common_whole_second(tree: &Tree) -> Option<i64> {
 pub fn plan(tree: &Tree, build_time: i64, o: &BuildOptions) -> Result<Plan> {
     let bits = o.block_size.trailing_zeros() as u8;
     let bs = u64::from(o.block_size);
-    let mut xattrs = xattrs::plan(tree, o.metabox);
+    let long: Vec<_> = o
+        .xattr_prefixes
+        .iter()
+        .map(|p| ferofs_format::xattr::LongPrefix::of(p))
+        .collect();
+    let mut xattrs = xattrs::plan(tree, o.metabox, &long);
     xattrs::reserve_root(&mut xattrs, tree.root, o.root_xattr_isize);
     // Inode versions: compact only when every value fits and the mtime is the one a
     // compact inode shows: the build time, or (48-bit layout, Linux 6.15+) any mtime of
@@ -293,6 +301,7 @@ pub fn plan(tree: &Tree, build_time: i64, o: &BuildOptions) -> Result<Plan> {
         dirs,
         content_inline: Vec::new(),
         first_blk: cfg.end().div_ceil(bs),
+        prefixes_in_packed: None,
         cfg,
         inline_data: o.inline_data,
     };

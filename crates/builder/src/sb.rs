@@ -20,12 +20,30 @@ pub struct ComprCfg {
     /// Extra devices (tar index mode), their sizes in blocks: a device table of one
     /// 128-byte slot each behind the records.
     pub devices: Vec<u64>,
+    /// `--xattr-prefix`: the long-prefix table and how many prefixes it holds. Room
+    /// for it is kept behind the device table; it goes there (a plain table) unless
+    /// the packed inode takes it ([`SbFields::prefixes_in_packed`]).
+    pub prefixes: Vec<u8>,
+    pub prefix_count: u8,
 }
 
 impl ComprCfg {
     pub fn new(o: &BuildOptions, devices: &[u64]) -> Self {
         let mut c = Self::records(o);
         c.devices = devices.to_vec();
+        let long: Vec<_> = o
+            .xattr_prefixes
+            .iter()
+            .map(|p| ferofs_format::xattr::LongPrefix::of(p))
+            .collect();
+        // (Lengths and count were checked with the options.)
+        if let (Some(t), Ok(n)) = (
+            ferofs_format::xattr::encode_prefix_table(&long),
+            u8::try_from(long.len()),
+        ) {
+            c.prefixes = t;
+            c.prefix_count = n;
+        }
         c
     }
 
@@ -42,6 +60,8 @@ impl ComprCfg {
                 bytes: Vec::new(),
                 sb_size,
                 devices: Vec::new(),
+                prefixes: Vec::new(),
+                prefix_count: 0,
             };
         };
         // The packed inode compresses with its own pcluster size (`-E fragments=SIZE`):
@@ -89,6 +109,8 @@ impl ComprCfg {
             bytes,
             sb_size,
             devices: Vec::new(),
+            prefixes: Vec::new(),
+            prefix_count: 0,
         }
     }
 
@@ -99,11 +121,25 @@ impl ComprCfg {
     }
 
     /// First byte after the superblock, the records and the device table.
-    pub fn end(&self) -> u64 {
+    fn tables_end(&self) -> u64 {
         if self.devices.is_empty() {
             return SB_OFFSET + self.sb_size as u64 + self.bytes.len() as u64;
         }
         self.devt_at() + (DEVICE_SLOT_SIZE * self.devices.len()) as u64
+    }
+
+    /// Where a plain long-prefix table goes (4-byte aligned, behind the device table).
+    pub fn prefixes_at(&self) -> u64 {
+        self.tables_end().div_ceil(4) * 4
+    }
+
+    /// First byte after the superblock, the records, the device table and the room
+    /// for a plain long-prefix table.
+    pub fn end(&self) -> u64 {
+        if self.prefixes.is_empty() {
+            return self.tables_end();
+        }
+        self.prefixes_at() + self.prefixes.len() as u64
     }
 }
 
@@ -134,6 +170,9 @@ pub struct SbFields {
     pub packed_nid: Option<u64>,
     /// Some pcluster is referenced by several extents (full indexes).
     pub shared_pclusters: bool,
+    /// The long-prefix table's byte offset in the packed inode's data, when it is
+    /// there; else it is plain, at [`ComprCfg::prefixes_at`].
+    pub prefixes_in_packed: Option<u64>,
 }
 
 /// The superblock (UUID still zero) for `f`.
@@ -198,12 +237,35 @@ pub fn superblock(f: &SbFields, cfg: &ComprCfg, label: Option<&str>) -> Result<S
                 .map_err(|_| BuildError::TooLarge("device table offset".into()))?,
         )
     };
+    // Long xattr prefixes: in the packed inode (any kernel since 6.4 reads them there
+    // when there is one) or plain (read there by 6.4+ when there is no packed inode,
+    // and by every kernel that knows the plain flag).
+    let (mut xattr_prefix_count, mut xattr_prefix_start, mut plain_pfx) = (0, 0, 0);
+    if cfg.prefix_count > 0 {
+        feature_incompat |= INCOMPAT_XATTR_PREFIXES;
+        xattr_prefix_count = cfg.prefix_count;
+        let at = match f.prefixes_in_packed {
+            Some(off) => off,
+            None => {
+                plain_pfx = COMPAT_PLAIN_XATTR_PFX;
+                cfg.prefixes_at()
+            }
+        };
+        if at % 4 != 0 {
+            return Err(BuildError::Options(
+                "internal: long prefix table not 4-byte aligned".into(),
+            ));
+        }
+        xattr_prefix_start = u32::try_from(at / 4)
+            .map_err(|_| BuildError::TooLarge("long prefix table beyond 16 GiB".into()))?;
+    }
     let mut sb = Superblock {
         extra_devices,
         devt_slotoff,
         magic: MAGIC,
         feature_compat: COMPAT_SB_CHKSUM
             | COMPAT_MTIME
+            | plain_pfx
             | if f.xattr_filter {
                 COMPAT_XATTR_FILTER
             } else {
@@ -230,6 +292,8 @@ pub fn superblock(f: &SbFields, cfg: &ComprCfg, label: Option<&str>) -> Result<S
         feature_incompat,
         u1,
         packed_nid: f.packed_nid.unwrap_or(0),
+        xattr_prefix_count,
+        xattr_prefix_start,
         ..Default::default()
     };
     if let Some(l) = label {
@@ -286,6 +350,10 @@ pub fn seal_block0(block0: &mut [u8], sb: &Superblock, cfg: &ComprCfg, with_cfg:
         slot[74..76].copy_from_slice(&((uniaddr >> 32) as u16).to_le_bytes());
         uniaddr += blocks;
     }
+    if sb.feature_compat & COMPAT_PLAIN_XATTR_PFX != 0 {
+        let at = cfg.prefixes_at() as usize;
+        block0[at..at + cfg.prefixes.len()].copy_from_slice(&cfg.prefixes);
+    }
     if sb.feature_compat & COMPAT_SB_CHKSUM != 0 {
         let clen = checksum_len(1u32 << sb.blkszbits);
         let csum = compute_checksum(&block0[sbo..sbo + clen]);
@@ -322,6 +390,7 @@ mod tests {
             inline_pcluster: false,
             packed_nid: None,
             shared_pclusters: false,
+            prefixes_in_packed: None,
         }
     }
 

@@ -184,9 +184,15 @@ pub fn write_image(
         compressed,
         inline_pcluster: layouts.iter().any(Layout::inline_pcluster),
         shared_pclusters: layouts.iter().any(Layout::shared),
-        // The packed inode counts only when some file has a fragment in it.
+        prefixes_in_packed: plan.prefixes_in_packed,
+        // The packed inode counts only when some file has a fragment in it (or it
+        // holds the long xattr prefixes).
         packed_nid: match tree.packed {
-            Some(id) if layouts.iter().any(Layout::fragment) => Some(meta.nid(id)),
+            Some(id)
+                if layouts.iter().any(Layout::fragment) || plan.prefixes_in_packed.is_some() =>
+            {
+                Some(meta.nid(id))
+            }
             _ => None,
         },
     };

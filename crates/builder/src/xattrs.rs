@@ -18,9 +18,8 @@ pub struct XattrPlan {
     pub any: bool,
 }
 
-fn encode(name: &[u8], value: &[u8]) -> Vec<u8> {
-    let (idx, suffix) = split_name(name).unwrap_or((0, name));
-    encode_entry(idx, suffix, value).unwrap_or_default()
+fn encode(name: &[u8], value: &[u8], long: &[LongPrefix]) -> Vec<u8> {
+    encode_named(name, value, long).unwrap_or_default()
 }
 
 /// `metabox`: the inodes live in the metabox inode. Linux 6.17-6.18 read an inode's
@@ -29,7 +28,8 @@ fn encode(name: &[u8], value: &[u8]) -> Vec<u8> {
 /// 512- and 1024-byte blocks): the kernel then misses or garbles the shared entries.
 /// So in a metabox image an inode keeps all its xattrs inline or all shared, never both
 /// (the metabox is compressed, so the repeated inline entries cost little).
-pub fn plan(tree: &Tree, metabox: bool) -> XattrPlan {
+/// `long`: the long name prefixes (`--xattr-prefix`), which names use when they can.
+pub fn plan(tree: &Tree, metabox: bool, long: &[LongPrefix]) -> XattrPlan {
     let mut counts: HashMap<(&[u8], &[u8]), usize> = HashMap::new();
     for n in &tree.nodes {
         for (k, v) in &n.xattrs {
@@ -47,7 +47,7 @@ pub fn plan(tree: &Tree, metabox: bool) -> XattrPlan {
     let mut ids: HashMap<(&[u8], &[u8]), u32> = HashMap::new();
     for (k, v) in &shared {
         ids.insert((k, v), (shared_area.len() / 4) as u32);
-        shared_area.extend_from_slice(&encode(k, v));
+        shared_area.extend_from_slice(&encode(k, v, long));
     }
     let mut any = false;
     let ibody = tree
@@ -67,11 +67,15 @@ pub fn plan(tree: &Tree, metabox: bool) -> XattrPlan {
                 }
                 match ids.get(&(k.as_slice(), v.as_slice())) {
                     Some(&id) if sids.len() < 255 => sids.push(id),
-                    _ => inline.extend_from_slice(&encode(k, v)),
+                    _ => inline.extend_from_slice(&encode(k, v, long)),
                 }
             }
             if metabox && !sids.is_empty() && !inline.is_empty() {
-                let all: Vec<u8> = n.xattrs.iter().flat_map(|(k, v)| encode(k, v)).collect();
+                let all: Vec<u8> = n
+                    .xattrs
+                    .iter()
+                    .flat_map(|(k, v)| encode(k, v, long))
+                    .collect();
                 // (Unless the whole would not fit one inode's area: no real tree has that.)
                 if xattr_icount_for(IBODY_HEADER_SIZE + all.len()).is_some() {
                     sids.clear();

@@ -86,6 +86,13 @@ pub struct BuildArgs {
     /// xattrs to the root of the image in place later.
     #[arg(long, value_name = "BYTES", default_value_t = 0)]
     root_xattr_isize: u32,
+    /// A long xattr name prefix (repeatable, at most 128, each at most 255 bytes;
+    /// Linux 6.4+), e.g. `trusted.overlay.`: every xattr whose name starts with it
+    /// (the first given that fits) stores only the rest of its name, as mkfs.erofs's
+    /// `--xattr-prefix`. The prefix table goes into the packed inode when the image has
+    /// one, else behind the superblock (`-E plain-xattr-prefixes`: always there).
+    #[arg(long, value_name = "PREFIX")]
+    xattr_prefix: Vec<std::ffi::OsString>,
     /// Leave out this path (relative to the source; repeatable).
     #[arg(long, value_name = "PATH")]
     exclude_path: Vec<PathBuf>,
@@ -169,7 +176,8 @@ pub struct BuildArgs {
     /// `force-inode-extended`, `nosbcrc` (no superblock checksum), `force-chunk-indexes`
     /// / `force-inode-blockmap` (with --chunksize), `legacy-compress` (full 8-byte
     /// lcluster indexes for every compressed file, never compact ones; in the 48-bit
-    /// layout encoded extents still win where shorter), and the preset `smallest` (=
+    /// layout encoded extents still win where shorter), `plain-xattr-prefixes` (see
+    /// --xattr-prefix), and the preset `smallest` (=
     /// `ztailpacking,fragments,dedupe`: the smallest image Linux 6.1+ mounts).
     #[arg(short = 'E', value_name = "OPTS")]
     extended: Vec<String>,
@@ -376,6 +384,14 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
         );
     }
     o.root_xattr_isize = a.root_xattr_isize as usize;
+    {
+        use std::os::unix::ffi::OsStrExt;
+        o.xattr_prefixes = a
+            .xattr_prefix
+            .iter()
+            .map(|p| p.as_bytes().to_vec())
+            .collect();
+    }
     o.exclude_paths = a.exclude_path.clone();
     for r in &a.exclude_regex {
         o.exclude_regex
@@ -411,6 +427,7 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
     o.dot_omitted = ext.dot_omitted;
     o.inode_version = ext.inode_version;
     o.sb_checksum = ext.sb_checksum;
+    o.plain_xattr_prefixes = ext.plain_xattr_prefixes;
     o.output_offset = crate::source::offset()?;
     if a.fsalignblks > 1 << 31 {
         bail!("--fsalignblks {}: at most 2^31 blocks", a.fsalignblks);
@@ -746,6 +763,9 @@ pub struct Extended {
     pub chunk_indexes: bool,
     /// `legacy-compress`: full lcluster indexes for every compressed file.
     pub full_index: bool,
+    /// `plain-xattr-prefixes`: the long-prefix table behind the superblock, never in
+    /// the packed inode.
+    pub plain_xattr_prefixes: bool,
 }
 
 /// Parse every `-E` argument in order: comma-separated options, `^` (or `no` for
@@ -763,6 +783,7 @@ pub fn parse_extended(args: &[String]) -> Result<Extended> {
         sb_checksum: true,
         chunk_indexes: false,
         full_index: false,
+        plain_xattr_prefixes: false,
     };
     for opt in args.iter().flat_map(|a| a.split(',')) {
         let (neg, body) = match opt.strip_prefix('^') {
@@ -807,6 +828,7 @@ pub fn parse_extended(args: &[String]) -> Result<Extended> {
             "force-inode-blockmap" if !neg => e.chunk_indexes = false,
             "dot-omitted" => e.dot_omitted = !neg,
             "legacy-compress" => e.full_index = !neg,
+            "plain-xattr-prefixes" => e.plain_xattr_prefixes = !neg,
             "fragments" if neg => {
                 if matches!(e.fragments, Fragments::Tails { .. }) {
                     e.fragments = Fragments::Off;
@@ -838,7 +860,7 @@ pub fn parse_extended(args: &[String]) -> Result<Extended> {
                 "-E: unknown extended option {opt:?} (known: ztailpacking, fragments[=BYTES], \
                  all-fragments[=BYTES], dedupe, 48bit, dot-omitted, inline_data, noinline_data, \
                  force-inode-compact, force-inode-extended, nosbcrc, force-chunk-indexes, \
-                 force-inode-blockmap, legacy-compress, smallest; ^ negates)"
+                 force-inode-blockmap, legacy-compress, plain-xattr-prefixes, smallest; ^ negates)"
             ),
         }
     }

@@ -22,7 +22,7 @@ const UNSUPPORTED_LONG: [&str; 6] = [
 ];
 
 /// Long options whose value may be the next argument.
-const LONG_WITH_VALUE: [&str; 19] = [
+const LONG_WITH_VALUE: [&str; 20] = [
     "root-xattr-isize",
     "max-extent-bytes",
     "file-contexts",
@@ -42,6 +42,7 @@ const LONG_WITH_VALUE: [&str; 19] = [
     "fsalignblks",
     "dsunit",
     "blobdev",
+    "xattr-prefix",
 ];
 
 /// The `ferofs build` arguments (after `build`) for mkfs.erofs's `args` (after the
@@ -128,7 +129,8 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                 }
                 "force-uid" | "force-gid" | "uid-offset" | "gid-offset" | "exclude-path"
                 | "exclude-regex" | "compress-hints" | "offset" | "fsalignblks"
-                | "dsunit" | "blobdev" | "file-contexts" | "root-xattr-isize" => {
+                | "dsunit" | "blobdev" | "file-contexts" | "root-xattr-isize"
+                | "xattr-prefix" => {
                     let v = value()?;
                     out.push(format!("--{name}").into());
                     out.push(v.into());
@@ -708,6 +710,33 @@ mod tests {
         assert_eq!(
             t(&["--mount-point", "/system", "o", "s"]).expect("translate"),
             ["-z", "none", "s", "o"]
+        );
+    }
+
+    #[test]
+    fn xattr_prefixes_pass_through() {
+        assert_eq!(
+            t(&[
+                "--xattr-prefix=trusted.overlay.",
+                "--xattr-prefix",
+                "user.x.",
+                "-Eplain-xattr-prefixes",
+                "o",
+                "s"
+            ])
+            .expect("translate"),
+            [
+                "--xattr-prefix",
+                "trusted.overlay.",
+                "--xattr-prefix",
+                "user.x.",
+                "-z",
+                "none",
+                "-E",
+                "plain-xattr-prefixes",
+                "s",
+                "o"
+            ]
         );
     }
 

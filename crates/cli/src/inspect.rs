@@ -104,6 +104,11 @@ pub fn inspect(image: &Path, json_out: bool) -> Result<()> {
         .then(|| ferofs_builder::verity::read_sb(img.source(), verity_at).ok())
         .flatten();
     let build_time = sb.build_time_secs();
+    // A table no xattr uses may be damaged without harm: say so, show the rest.
+    let prefixes: Vec<String> = match img.xattr_prefixes() {
+        Ok(v) => v.iter().map(|p| bytes_display(p)).collect(),
+        Err(e) => vec![format!("(unreadable: {e})")],
+    };
     let v = json!({
         "magic": format!("{:#010x}", sb.magic),
         "block_size": blksz,
@@ -127,6 +132,7 @@ pub fn inspect(image: &Path, json_out: bool) -> Result<()> {
         "metabox_nid": sb.has_incompat(INCOMPAT_METABOX).then_some(sb.metabox_nid),
         "extra_devices": sb.extra_devices,
         "xattr_prefix_count": sb.xattr_prefix_count,
+        "xattr_prefixes": prefixes,
         "verity": verity.as_ref().map(|v| json!({
             "hash_offset": verity_at,
             "hash_algorithm": v.algorithm,
@@ -165,6 +171,9 @@ pub fn inspect(image: &Path, json_out: bool) -> Result<()> {
         "Build time:        {}",
         time_string(build_time as i64, sb.fixed_nsec)
     )?;
+    if !prefixes.is_empty() {
+        writeln!(out, "Xattr prefixes:    {}", prefixes.join(" "))?;
+    }
     writeln!(out, "Compat features:   {}", compat.join(" "))?;
     writeln!(out, "Incompat features: {}", incompat.join(" "))?;
     writeln!(

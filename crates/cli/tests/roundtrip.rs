@@ -590,3 +590,122 @@ fn root_xattr_area_reserved() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("at most 65532"));
 }
+
+/// `--xattr-prefix` (mkfs.erofs's): xattrs whose names start with a long prefix store
+/// only the rest (the inline area shrinks by exactly the infix), the table sits where
+/// each kind of image keeps it (plain behind the superblock; in the packed inode when
+/// there is one, unless `-E plain-xattr-prefixes`; plain in a metabox image), and the
+/// kernel, fsck.erofs 1.9.3 and `check` read every name back.
+#[test]
+fn long_xattr_prefixes() {
+    if !kernel_available("long_xattr_prefixes") {
+        return;
+    }
+    let fs = Tmpfs::new("64M");
+    let tree = fs.path().join("tree");
+    std::fs::create_dir_all(tree.join("d")).expect("mkdir");
+    for i in 0..24 {
+        let f = tree.join(format!("d/f{i}"));
+        std::fs::write(&f, format!("file {i} ").repeat(i + 1)).expect("write");
+        set_xattr(&f, "trusted.overlay.redirect", format!("/x/{i}").as_bytes());
+        set_xattr(&f, "trusted.overlay.metacopy", b"");
+        set_xattr(&f, "user.abc", format!("v{i}").as_bytes());
+    }
+    set_xattr(&tree.join("d"), "trusted.overlay.opaque", b"y");
+    set_xattr(&tree.join("d"), "user.other", b"z");
+    let img = fs.path().join("x.erofs");
+    let isize = |img: &std::path::Path, p: &str| {
+        json(&ok(&[&"stat", &"--json", &img, &p]))["xattr_isize"]
+            .as_u64()
+            .unwrap_or(u64::MAX)
+    };
+    let pfx = [
+        "--xattr-prefix",
+        "trusted.overlay.",
+        "--xattr-prefix",
+        "user.a",
+    ];
+    build(&tree, &img, &[]);
+    let plain_sizes = (isize(&img, "/d/f3"), isize(&img, "/d"));
+    // /d/f3: header 12 + one shared id (metacopy, on every file) + "overlay.redirect"
+    // (4 + 16 + 4 -> 24) + "abc" (4 + 3 + 2 -> 12); /d: 12 + "overlay.opaque"
+    // (4 + 14 + 1 -> 20) + "other" (4 + 5 + 1 -> 12).
+    assert_eq!(plain_sizes, (52, 44));
+    // (In a metabox image an inode's xattrs are all inline or all shared: /d/f3's
+    // metacopy is inline there, 4 + 8 -> 12 bytes in place of its 4-byte id.)
+    for (extra, plain, f3) in [
+        (&[][..], true, 40),
+        (&["-z", "lz4hc", "-E", "fragments"][..], false, 40),
+        (
+            &["-z", "lz4hc", "-E", "fragments,plain-xattr-prefixes"][..],
+            true,
+            40,
+        ),
+        (&["-z", "zstd", "--metabox"][..], true, 48),
+        (
+            &["-b", "1024", "-z", "lz4", "-E", "all-fragments"][..],
+            false,
+            40,
+        ),
+    ] {
+        let args = [&pfx[..], extra].concat();
+        build(&tree, &img, &args);
+        // "overlay." and "a" are no longer stored: redirect 4 + 8 + 4 -> 16, abc
+        // 4 + 2 + 2 -> 8 (12 + 4 + 16 + 8 = 40); opaque 4 + 6 + 1 -> 12.
+        assert_eq!(
+            (isize(&img, "/d/f3"), isize(&img, "/d")),
+            (f3, 12 + 12 + 12),
+            "{args:?}"
+        );
+        let info = json(&ok(&[&"inspect", &"--json", &img]));
+        assert_eq!(
+            info["xattr_prefixes"],
+            serde_json::json!(["trusted.overlay.", "user.a"]),
+            "{args:?}"
+        );
+        let compat = info["feature_compat"].to_string();
+        assert_eq!(
+            compat.contains("plain_xattr_pfx"),
+            plain,
+            "{args:?}: {compat}"
+        );
+        // The plain table is at xattr_prefix_start * 4 of the image; the packed
+        // inode's start is an offset in its data (which is not there).
+        let b = std::fs::read(&img).expect("read image");
+        let start = u32::from_le_bytes(b[1024 + 0x5C..1024 + 0x60].try_into().expect("4")) as usize;
+        let mut table = vec![9u8, 0, 4];
+        table.extend_from_slice(b"overlay.\0");
+        table.extend_from_slice(&[2, 0, 1, b'a']);
+        assert_eq!(
+            b.get(start * 4..start * 4 + 16) == Some(&table[..]),
+            plain,
+            "{args:?}"
+        );
+        assert!(info["feature_incompat"]
+            .to_string()
+            .contains("xattr_prefixes"));
+        assert_eq!(
+            info["packed_nid"].as_u64().unwrap_or(0) > 0,
+            args.iter().any(|a| a.contains("fragments")),
+            "{args:?}"
+        );
+        {
+            let m = Mount::erofs(&img);
+            assert_same_tree(&tree, m.path());
+        }
+        ferofs_testkit::fsck_metabox(&img, &format!("{args:?}"));
+        ok(&[&"check", &img]);
+    }
+    // An empty prefix, or more than 128, are refused.
+    let out = run(&[&"build", &"--xattr-prefix", &"", &tree, &img]);
+    assert!(!out.status.success());
+    let many: Vec<String> = (0..129).map(|i| format!("user.p{i}.")).collect();
+    let mut cmd = ferofs();
+    cmd.arg("build");
+    for p in &many {
+        cmd.args(["--xattr-prefix", p]);
+    }
+    let out = cmd.arg(&tree).arg(&img).output().expect("run ferofs");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at most 128"));
+}

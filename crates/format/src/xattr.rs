@@ -125,6 +125,75 @@ pub fn encode_entry(name_index: u8, suffix: &[u8], value: &[u8]) -> Option<Vec<u
     Some(v)
 }
 
+/// Most long prefixes an image may have (`e_name_index` keeps 7 bits for the index).
+pub const MAX_LONG_PREFIXES: usize = 128;
+/// Longest full long prefix mkfs.erofs accepts (its short prefix included).
+pub const MAX_LONG_PREFIX_LEN: usize = 255;
+
+/// A long name prefix (§4.6): the short prefix it extends (0: none, an internal
+/// namespace the kernel does not list) and the bytes after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LongPrefix {
+    pub base_index: u8,
+    pub infix: Vec<u8>,
+}
+
+impl LongPrefix {
+    /// The long prefix for the full prefix `full`: its base is the first short prefix
+    /// `full` starts with (the ACL names included, as mkfs.erofs matches them).
+    pub fn of(full: &[u8]) -> Self {
+        for &(idx, p) in SHORT_PREFIXES.iter() {
+            if let Some(rest) = full.strip_prefix(p) {
+                return LongPrefix {
+                    base_index: idx,
+                    infix: rest.to_vec(),
+                };
+            }
+        }
+        LongPrefix {
+            base_index: 0,
+            infix: full.to_vec(),
+        }
+    }
+
+    /// The stored suffix of `name` under this prefix: `name` must have the same short
+    /// prefix ([`split_name`]; none for index 0) and go on with the infix.
+    pub fn suffix_of<'a>(&self, name: &'a [u8]) -> Option<&'a [u8]> {
+        let (idx, rest) = split_name(name).unwrap_or((0, name));
+        if idx != self.base_index {
+            return None;
+        }
+        rest.strip_prefix(self.infix.as_slice())
+    }
+}
+
+/// The long-prefix table: per prefix a `u16` length, the base index and the infix,
+/// each record starting 4-byte aligned (relative to the table, which starts aligned).
+/// None when a prefix is longer than a record can say.
+pub fn encode_prefix_table(prefixes: &[LongPrefix]) -> Option<Vec<u8>> {
+    let mut t = Vec::new();
+    for p in prefixes {
+        let len = u16::try_from(1 + p.infix.len()).ok()?;
+        t.extend_from_slice(&len.to_le_bytes());
+        t.push(p.base_index);
+        t.extend_from_slice(&p.infix);
+        t.resize(round_up4(t.len()), 0);
+    }
+    Some(t)
+}
+
+/// Encode `name`'s entry with the first of `prefixes` it goes on with (the long
+/// index), else with its short prefix (index 0 and the whole name for none).
+pub fn encode_named(name: &[u8], value: &[u8], prefixes: &[LongPrefix]) -> Option<Vec<u8>> {
+    for (i, p) in prefixes.iter().enumerate().take(MAX_LONG_PREFIXES) {
+        if let Some(suffix) = p.suffix_of(name) {
+            return encode_entry(LONG_PREFIX_FLAG | i as u8, suffix, value);
+        }
+    }
+    let (idx, suffix) = split_name(name).unwrap_or((0, name));
+    encode_entry(idx, suffix, value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,6 +211,42 @@ mod tests {
         assert_eq!(bit("trusted.overlay.redirect"), 17);
         assert_eq!(bit("system.posix_acl_access"), 30);
         assert_eq!(bit("system.posix_acl_default"), 21);
+    }
+    #[test]
+    fn long_prefixes() {
+        let ovl = LongPrefix::of(b"trusted.overlay.");
+        assert_eq!(
+            (ovl.base_index, ovl.infix.as_slice()),
+            (INDEX_TRUSTED, &b"overlay."[..])
+        );
+        let fp = LongPrefix::of(b"erofs.fingerprint.v1");
+        assert_eq!(
+            (fp.base_index, fp.infix.as_slice()),
+            (0, &b"erofs.fingerprint.v1"[..])
+        );
+        assert_eq!(
+            ovl.suffix_of(b"trusted.overlay.redirect"),
+            Some(&b"redirect"[..])
+        );
+        assert_eq!(ovl.suffix_of(b"trusted.overlay."), Some(&b""[..]));
+        assert_eq!(ovl.suffix_of(b"user.overlay.redirect"), None);
+        assert_eq!(fp.suffix_of(b"erofs.fingerprint.v1"), Some(&b""[..]));
+        // Records: length 9 = base + "overlay.", then padding to 4.
+        let t = encode_prefix_table(&[ovl.clone(), fp.clone()]).expect("table");
+        let mut want = vec![9, 0, INDEX_TRUSTED];
+        want.extend_from_slice(b"overlay.");
+        want.push(0);
+        want.extend_from_slice(&[21, 0, 0]);
+        want.extend_from_slice(b"erofs.fingerprint.v1");
+        want.push(0);
+        assert_eq!(t, want);
+        // The first prefix that fits wins; others fall back to the short prefix.
+        let e = encode_named(b"trusted.overlay.opaque", b"y", &[fp.clone(), ovl.clone()])
+            .expect("entry");
+        assert_eq!(&e[..4], &[6, 0x81, 1, 0]);
+        assert_eq!(&e[4..11], b"opaquey");
+        let e = encode_named(b"trusted.other", b"", &[ovl]).expect("entry");
+        assert_eq!(&e[..4], &[5, INDEX_TRUSTED, 0, 0]);
     }
     #[test]
     fn acl_names_are_exact() {

@@ -114,6 +114,20 @@ impl<S: Source> Image<S> {
         Ok(v)
     }
 
+    /// The long xattr name prefixes in table order, each in full (its short prefix,
+    /// none for an internal one, then the infix).
+    pub fn xattr_prefixes(&self) -> Result<Vec<Vec<u8>>> {
+        Ok(self
+            .long_prefixes()?
+            .iter()
+            .map(|(base, infix)| {
+                let mut p = short_prefix(*base).unwrap_or_default().to_vec();
+                p.extend_from_slice(infix);
+                p
+            })
+            .collect())
+    }
+
     /// Full name for (index, stored suffix); None for internal/unknown namespaces, which
     /// the kernel does not list either.
     fn full_name(&self, index: u8, suffix: &[u8]) -> Result<Option<Vec<u8>>> {

@@ -19,6 +19,8 @@
 //!   bsize: also 16 the 48-bit layout, 32 no "." entries (dot-omitted)
 //!   level >= 0xE0: full indexes for every compressed file (`-E legacy-compress`)
 //!   alg2 & 32: every file's data at a multiple of 2 + level % 7 blocks (`--dsunit`)
+//!   bsize & 64 without chunks: long xattr prefixes `trusted.`, `user.a`,
+//!   `security.selinux` (`--xattr-prefix`), plain when level is odd
 //! root    meta
 //! entry*  op parent name (meta kind-data | target)     (until the input ends; at most 48)
 //!   op % 8: 0 directory, 1 2 7 regular file, 3 symlink, 4 hardlink, 5 device, 6 fifo
@@ -323,7 +325,18 @@ fn spec_options(r: &mut In) -> BuildOptions {
         indexes: bsize & 64 != 0,
         dedupe: alg2 & 0x40 == 0,
     });
+    let prefixes = bsize & 64 != 0 && chunks.is_none();
     BuildOptions {
+        xattr_prefixes: if prefixes {
+            vec![
+                b"trusted.".to_vec(),
+                b"user.a".to_vec(),
+                b"security.selinux".to_vec(),
+            ]
+        } else {
+            Vec::new()
+        },
+        plain_xattr_prefixes: prefixes && level % 2 == 1,
         block_size,
         chunks,
         inode_version: if bsize & 4 != 0 {

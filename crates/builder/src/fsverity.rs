@@ -92,7 +92,7 @@ impl Tree256 {
 }
 
 /// The fs-verity digest of `size` bytes read through `read(buf, offset)`.
-pub fn digest(size: u64, mut read: impl FnMut(&mut [u8], u64) -> Result<()>) -> Result<[u8; HASH]> {
+pub fn digest(size: u64, read: &mut dyn FnMut(&mut [u8], u64) -> Result<()>) -> Result<[u8; HASH]> {
     let mut t = Tree256::default();
     let mut chunk = vec![0u8; 64 * BLOCK];
     let mut at = 0u64;
@@ -133,44 +133,97 @@ pub fn metacopy(d: &[u8; HASH]) -> Vec<u8> {
 /// parallel on `threads` threads. Files whose data is not read (an extra device) are
 /// refused earlier.
 pub fn add_digests(tree: &mut Tree, threads: usize) -> Result<()> {
+    let found = per_file(tree, threads, true, "fs-verity digest: read", digest)?;
+    set_each(
+        tree,
+        XATTR,
+        found.into_iter().map(|(i, d)| (i, metacopy(&d))),
+    );
+    Ok(())
+}
+
+/// `--xattr-inode-digest`: give every non-empty regular file of `tree` an xattr
+/// `name` (replacing one it had) holding `sha256:` and the SHA-256 of its contents, as
+/// mkfs.erofs writes it, on `threads` threads.
+pub fn add_fingerprints(tree: &mut Tree, name: &[u8], threads: usize) -> Result<()> {
+    let found = per_file(
+        tree,
+        threads,
+        false,
+        "content fingerprint: read",
+        |size, read| {
+            let mut h = Sha256::new();
+            let mut chunk = vec![0u8; (64 * BLOCK).min(size as usize)];
+            let mut at = 0u64;
+            // Bounded: each turn reads up to a chunk, at least one byte.
+            while at < size {
+                let n = (size - at).min(chunk.len() as u64) as usize;
+                read(&mut chunk[..n], at)?;
+                h.update(&chunk[..n]);
+                at += n as u64;
+            }
+            Ok(h.finalize().into())
+        },
+    )?;
+    set_each(
+        tree,
+        name,
+        found
+            .into_iter()
+            .map(|(i, d)| (i, [&b"sha256:"[..], &d].concat())),
+    );
+    Ok(())
+}
+
+/// Set xattr `name` of each node given to its value, in name order.
+fn set_each(tree: &mut Tree, name: &[u8], values: impl Iterator<Item = (usize, Vec<u8>)>) {
+    for (i, v) in values {
+        let x = &mut tree.nodes[i].xattrs;
+        x.retain(|(n, _)| n != name);
+        let at = x.partition_point(|(n, _)| n.as_slice() < name);
+        x.insert(at, (name.to_vec(), v));
+    }
+}
+
+/// (node index, `f(size, read)`) of every regular file (non-empty ones unless
+/// `empty`), in parallel on `threads` threads; `what` names the read in errors.
+fn per_file<F>(
+    tree: &Tree,
+    threads: usize,
+    empty: bool,
+    what: &'static str,
+    f: F,
+) -> Result<Vec<(usize, [u8; HASH])>>
+where
+    F: Fn(u64, &mut dyn FnMut(&mut [u8], u64) -> Result<()>) -> Result<[u8; HASH]> + Sync,
+{
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads.max(1))
         .build()
         .map_err(|e| BuildError::Options(format!("thread pool: {e}")))?;
-    let found = pool.install(|| digests(tree))?;
-    for (i, d) in found {
-        let x = &mut tree.nodes[i].xattrs;
-        x.retain(|(n, _)| n != XATTR);
-        let at = x.partition_point(|(n, _)| n.as_slice() < XATTR);
-        x.insert(at, (XATTR.to_vec(), metacopy(&d)));
-    }
-    Ok(())
-}
-
-/// (node index, digest) of every regular file.
-fn digests(tree: &Tree) -> Result<Vec<(usize, [u8; HASH])>> {
-    tree.nodes
-        .par_iter()
-        .enumerate()
-        .filter_map(|(i, nd)| match &nd.kind {
-            Kind::File { src, size } => Some((i, src, *size)),
-            _ => None,
-        })
-        .map(|(i, src, size)| {
-            let d = if size == 0 {
-                digest(0, |_, _| Ok(()))?
-            } else {
-                let r = src.open(size)?;
-                let d = digest(size, |buf, off| {
-                    r.read_exact_at(buf, off)
-                        .map_err(io_err(src.path(), "fs-verity digest: read"))
-                })?;
-                r.unchanged()?;
-                d
-            };
-            Ok((i, d))
-        })
-        .collect()
+    pool.install(|| {
+        tree.nodes
+            .par_iter()
+            .enumerate()
+            .filter_map(|(i, nd)| match &nd.kind {
+                Kind::File { src, size } if empty || *size > 0 => Some((i, src, *size)),
+                _ => None,
+            })
+            .map(|(i, src, size)| {
+                let d = if size == 0 {
+                    f(0, &mut |_, _| Ok(()))?
+                } else {
+                    let r = src.open(size)?;
+                    let d = f(size, &mut |buf, off| {
+                        r.read_exact_at(buf, off).map_err(io_err(src.path(), what))
+                    })?;
+                    r.unchanged()?;
+                    d
+                };
+                Ok((i, d))
+            })
+            .collect()
+    })
 }
 
 #[cfg(test)]
@@ -178,7 +231,7 @@ mod tests {
     use super::*;
 
     fn of(data: &[u8]) -> String {
-        let d = digest(data.len() as u64, |buf, off| {
+        let d = digest(data.len() as u64, &mut |buf, off| {
             let o = off as usize;
             buf.copy_from_slice(&data[o..o + buf.len()]);
             Ok(())

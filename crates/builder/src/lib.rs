@@ -153,6 +153,9 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     if o.fsverity_digests {
         fsverity::add_digests(&mut tree, o.worker_threads())?;
     }
+    if let Some(name) = &o.inode_digest {
+        fsverity::add_fingerprints(&mut tree, name, o.worker_threads())?;
+    }
     plan::apply_owner_offsets(&mut tree, o)?;
     let build_time = plan::apply_time_policy(&mut tree, o);
     if o.fragments != Fragments::Off {

@@ -135,12 +135,17 @@ pub struct BuildOptions {
     /// Extra devices of an EROFS source image (`--device`), in device-table order.
     pub source_devices: Vec<PathBuf>,
     /// `--xattr-prefix`: long xattr name prefixes (Linux 6.4+), full names such as
-    /// `trusted.overlay.`, in the order given (an xattr uses the first it starts with):
+    /// `trusted.overlay.`, in the order given (an xattr uses the longest it starts with):
     /// each such xattr stores only the rest of its name.
     pub xattr_prefixes: Vec<Vec<u8>>,
     /// `-E plain-xattr-prefixes`: the prefix table always in the image's metadata
     /// (Linux 6.17+ read that beside a packed inode), never in the packed inode.
     pub plain_xattr_prefixes: bool,
+    /// `--xattr-inode-digest`: every non-empty regular file gets an xattr of this name
+    /// holding `sha256:` and the SHA-256 of its contents (32 bytes), a long prefix of
+    /// its own, named in the superblock: the content fingerprint with which newer
+    /// kernels share the page cache of identical files across images.
+    pub inode_digest: Option<Vec<u8>>,
 }
 
 /// Which inode core every inode gets.
@@ -239,6 +244,7 @@ impl Default for BuildOptions {
             source_devices: Vec::new(),
             xattr_prefixes: Vec::new(),
             plain_xattr_prefixes: false,
+            inode_digest: None,
         }
     }
 }
@@ -281,6 +287,24 @@ impl BuildOptions {
     }
 
     /// Reject options no image can be built with (before anything is read or written).
+    /// The image's long xattr name prefixes in table order: `--xattr-prefix`es, then
+    /// the `--xattr-inode-digest` name unless it is one of them; and the digest's
+    /// index in the table.
+    pub(crate) fn long_prefixes(&self) -> (Vec<ferofs_format::xattr::LongPrefix>, Option<u8>) {
+        let mut names: Vec<&[u8]> = self.xattr_prefixes.iter().map(|p| p.as_slice()).collect();
+        let digest = self.inode_digest.as_deref().map(|d| {
+            names.iter().position(|p| *p == d).unwrap_or_else(|| {
+                names.push(d);
+                names.len() - 1
+            })
+        });
+        let long = names
+            .iter()
+            .map(|p| ferofs_format::xattr::LongPrefix::of(p))
+            .collect();
+        (long, digest.and_then(|i| u8::try_from(i).ok()))
+    }
+
     pub(crate) fn check(&self) -> Result<()> {
         let o = self;
         if !(512..=4096).contains(&o.block_size) || !o.block_size.is_power_of_two() {
@@ -309,14 +333,21 @@ impl BuildOptions {
                 )));
             }
         }
-        if o.xattr_prefixes.len() > ferofs_format::xattr::MAX_LONG_PREFIXES {
+        let (long, _) = o.long_prefixes();
+        if long.len() > ferofs_format::xattr::MAX_LONG_PREFIXES {
             return Err(BuildError::Options(format!(
-                "{} xattr name prefixes: at most {}",
-                o.xattr_prefixes.len(),
+                "{} xattr name prefixes (--xattr-prefix, --xattr-inode-digest): at most {}",
+                long.len(),
                 ferofs_format::xattr::MAX_LONG_PREFIXES
             )));
         }
-        for p in &o.xattr_prefixes {
+        if o.inode_digest.is_some() && o.tar_index {
+            return Err(BuildError::Options(
+                "--xattr-inode-digest with --tar-index: the file data stays in the tar, not read"
+                    .into(),
+            ));
+        }
+        for p in o.xattr_prefixes.iter().chain(&o.inode_digest) {
             if p.is_empty() || p.len() > ferofs_format::xattr::MAX_LONG_PREFIX_LEN {
                 return Err(BuildError::Options(format!(
                     "xattr name prefix {:?}: 1 to {} bytes",

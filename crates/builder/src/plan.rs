@@ -203,11 +203,7 @@ fn most_common_whole_second(tree: &Tree) -> Option<i64> {
 pub fn plan(tree: &Tree, build_time: i64, o: &BuildOptions) -> Result<Plan> {
     let bits = o.block_size.trailing_zeros() as u8;
     let bs = u64::from(o.block_size);
-    let long: Vec<_> = o
-        .xattr_prefixes
-        .iter()
-        .map(|p| ferofs_format::xattr::LongPrefix::of(p))
-        .collect();
+    let (long, _) = o.long_prefixes();
     let mut xattrs = xattrs::plan(tree, o.metabox, &long);
     xattrs::reserve_root(&mut xattrs, tree.root, o.root_xattr_isize);
     // Inode versions: compact only when every value fits and the mtime is the one a

@@ -25,17 +25,16 @@ pub struct ComprCfg {
     /// the packed inode takes it ([`SbFields::prefixes_in_packed`]).
     pub prefixes: Vec<u8>,
     pub prefix_count: u8,
+    /// The `--xattr-inode-digest` prefix's index in the table.
+    pub ishare: Option<u8>,
 }
 
 impl ComprCfg {
     pub fn new(o: &BuildOptions, devices: &[u64]) -> Self {
         let mut c = Self::records(o);
         c.devices = devices.to_vec();
-        let long: Vec<_> = o
-            .xattr_prefixes
-            .iter()
-            .map(|p| ferofs_format::xattr::LongPrefix::of(p))
-            .collect();
+        let (long, ishare) = o.long_prefixes();
+        c.ishare = ishare;
         // (Lengths and count were checked with the options.)
         if let (Some(t), Ok(n)) = (
             ferofs_format::xattr::encode_prefix_table(&long),
@@ -62,6 +61,7 @@ impl ComprCfg {
                 devices: Vec::new(),
                 prefixes: Vec::new(),
                 prefix_count: 0,
+                ishare: None,
             };
         };
         // The packed inode compresses with its own pcluster size (`-E fragments=SIZE`):
@@ -111,6 +111,7 @@ impl ComprCfg {
             devices: Vec::new(),
             prefixes: Vec::new(),
             prefix_count: 0,
+            ishare: None,
         }
     }
 
@@ -266,6 +267,11 @@ pub fn superblock(f: &SbFields, cfg: &ComprCfg, label: Option<&str>) -> Result<S
         feature_compat: COMPAT_SB_CHKSUM
             | COMPAT_MTIME
             | plain_pfx
+            | if cfg.ishare.is_some() {
+                COMPAT_ISHARE_XATTRS
+            } else {
+                0
+            }
             | if f.xattr_filter {
                 COMPAT_XATTR_FILTER
             } else {
@@ -294,6 +300,8 @@ pub fn superblock(f: &SbFields, cfg: &ComprCfg, label: Option<&str>) -> Result<S
         packed_nid: f.packed_nid.unwrap_or(0),
         xattr_prefix_count,
         xattr_prefix_start,
+        // The fingerprint's long-prefix index, without bit 7 (as mkfs.erofs writes it).
+        ishare_xattr_prefix_id: cfg.ishare.unwrap_or(0),
         ..Default::default()
     };
     if let Some(l) = label {

@@ -88,11 +88,26 @@ pub struct BuildArgs {
     root_xattr_isize: u32,
     /// A long xattr name prefix (repeatable, at most 128, each at most 255 bytes;
     /// Linux 6.4+), e.g. `trusted.overlay.`: every xattr whose name starts with it
-    /// (the first given that fits) stores only the rest of its name, as mkfs.erofs's
+    /// (the longest given that fits) stores only the rest of its name, as mkfs.erofs's
     /// `--xattr-prefix`. The prefix table goes into the packed inode when the image has
     /// one, else behind the superblock (`-E plain-xattr-prefixes`: always there).
     #[arg(long, value_name = "PREFIX")]
     xattr_prefix: Vec<std::ffi::OsString>,
+    /// Record each non-empty regular file's content fingerprint (`sha256:` and the
+    /// SHA-256 of its data) in an xattr named NAME (default `erofs.fingerprint.v1`, a
+    /// name no namespace lists: only the kernel sees it), a long prefix of its own
+    /// named in the superblock, as mkfs.erofs's `--xattr-inode-digest`: kernels with
+    /// EROFS page-cache sharing share the cached pages of identical files across
+    /// images by it. Older kernels ignore it. `ferofs stat` shows it, `check`
+    /// verifies it.
+    #[arg(
+        long,
+        value_name = "NAME",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "erofs.fingerprint.v1"
+    )]
+    xattr_inode_digest: Option<std::ffi::OsString>,
     /// Leave out this path (relative to the source; repeatable).
     #[arg(long, value_name = "PATH")]
     exclude_path: Vec<PathBuf>,
@@ -391,6 +406,7 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
             .iter()
             .map(|p| p.as_bytes().to_vec())
             .collect();
+        o.inode_digest = a.xattr_inode_digest.as_ref().map(|p| p.as_bytes().to_vec());
     }
     o.exclude_paths = a.exclude_path.clone();
     for r in &a.exclude_regex {

@@ -725,6 +725,22 @@ fn check_inode(
             )),
         }
     } else if ino.is_regular() {
+        // A content fingerprint (`--xattr-inode-digest`) is checked against the data.
+        let fingerprint = match img.fingerprint(ino) {
+            Ok(f) => f.filter(|_| ino.size > 0),
+            Err(e) => {
+                probs.push(Problem::from_error(
+                    &f.paths,
+                    ino.nid,
+                    &e,
+                    "content fingerprint unreadable",
+                ));
+                None
+            }
+        };
+        let mut hash = fingerprint
+            .as_ref()
+            .map(|_| <sha2::Sha256 as sha2::Digest>::new());
         // Bounded: every turn advances by n > 0 bytes up to the size.
         while read < ino.size {
             match img.read_at_with(ctx, ino, read, buf) {
@@ -738,7 +754,12 @@ fn check_inode(
                     ));
                     break;
                 }
-                Ok(n) => read += n as u64,
+                Ok(n) => {
+                    if let Some(h) = hash.as_mut() {
+                        sha2::Digest::update(h, &buf[..n]);
+                    }
+                    read += n as u64;
+                }
                 Err(e) => {
                     probs.push(Problem::from_error(
                         &f.paths,
@@ -746,8 +767,31 @@ fn check_inode(
                         &e,
                         &format!("file data unreadable from byte {read}"),
                     ));
+                    hash = None;
                     break;
                 }
+            }
+        }
+        if let (Some(want), Some(h)) = (fingerprint, hash.filter(|_| read == ino.size)) {
+            let got = [&b"sha256:"[..], &sha2::Digest::finalize(h)].concat();
+            if got != want {
+                let show = |v: &[u8]| match v.strip_prefix(b"sha256:") {
+                    Some(d) => format!("sha256:{}", crate::fmt::hex(d)),
+                    None => crate::fmt::bytes_display(v),
+                };
+                probs.push(Problem {
+                    paths: f.paths.clone(),
+                    kind: "Fingerprint".into(),
+                    what: format!(
+                        "content fingerprint {} is not the data's {}",
+                        show(&want),
+                        show(&got)
+                    ),
+                    nid: Some(ino.nid),
+                    offset: None,
+                    value: None,
+                    expected: None,
+                });
             }
         }
     }

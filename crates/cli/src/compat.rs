@@ -161,6 +161,11 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                         ),
                     });
                 }
+                // An optional value, given with `=` only (getopt's optional argument).
+                "xattr-inode-digest" => out.push(match &inline {
+                    Some(v) => format!("--xattr-inode-digest={v}").into(),
+                    None => "--xattr-inode-digest".into(),
+                }),
                 "ovlfs-strip" => {
                     let v = inline.clone().unwrap_or_else(|| "1".into());
                     out.push(format!("--ovlfs-strip={v}").into());
@@ -721,6 +726,7 @@ mod tests {
                 "--xattr-prefix",
                 "user.x.",
                 "-Eplain-xattr-prefixes",
+                "--xattr-inode-digest",
                 "o",
                 "s"
             ])
@@ -730,6 +736,7 @@ mod tests {
                 "trusted.overlay.",
                 "--xattr-prefix",
                 "user.x.",
+                "--xattr-inode-digest",
                 "-z",
                 "none",
                 "-E",
@@ -737,6 +744,14 @@ mod tests {
                 "s",
                 "o"
             ]
+        );
+    }
+
+    #[test]
+    fn xattr_inode_digest_takes_its_name_with_equals() {
+        assert_eq!(
+            t(&["--xattr-inode-digest=trusted.fp", "o", "s"]).expect("translate"),
+            ["--xattr-inode-digest=trusted.fp", "-z", "none", "s", "o"]
         );
     }
 

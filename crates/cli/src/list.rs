@@ -153,6 +153,13 @@ pub fn stat(image: &Path, path: Option<&str>, nid: Option<u64>, json_out: bool) 
     v["xattrs"] = json!(xattrs);
     v["xattr_shared_ids"] = json!(img.xattr_shared_ids(&ino)?);
     v["xattr_isize"] = json!(ferofs_format::inode::xattr_ibody_size(ino.xattr_icount));
+    let fingerprint = img
+        .fingerprint(&ino)?
+        .map(|f| match f.strip_prefix(b"sha256:") {
+            Some(d) => format!("sha256:{}", hex(d)),
+            None => bytes_display(&f),
+        });
+    v["fingerprint"] = json!(fingerprint);
     let extents: Vec<Value> = img
         .extents(&ino)?
         .iter()
@@ -203,6 +210,9 @@ pub fn stat(image: &Path, path: Option<&str>, nid: Option<u64>, json_out: bool) 
             bytes_display(&x.name),
             bytes_display(&x.value)
         )?;
+    }
+    if let Some(f) = &fingerprint {
+        writeln!(out, "Fingerprint: {f}")?;
     }
     for e in img.extents(&ino)? {
         writeln!(out, "Extent: {e}")?;

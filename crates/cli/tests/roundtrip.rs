@@ -709,3 +709,139 @@ fn long_xattr_prefixes() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("at most 128"));
 }
+
+/// `--xattr-inode-digest` (mkfs.erofs's): every non-empty regular file carries
+/// `sha256:` and its contents' SHA-256 in the named xattr (a long prefix the superblock
+/// names), hidden from listings under the default name, visible under a namespaced one;
+/// `stat` shows it, `check` verifies it (and reports a file whose data no longer
+/// matches), the kernel and fsck.erofs read the image.
+#[test]
+fn inode_digest_fingerprints() {
+    if !kernel_available("inode_digest_fingerprints") {
+        return;
+    }
+    let fs = Tmpfs::new("64M");
+    let tree = fs.path().join("tree");
+    std::fs::create_dir_all(tree.join("d")).expect("mkdir");
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(tree.join("big"), &big).expect("write");
+    std::fs::write(tree.join("d/small"), b"small file\n").expect("write");
+    std::fs::write(tree.join("d/empty"), b"").expect("write");
+    std::fs::hard_link(tree.join("d/small"), tree.join("link")).expect("link");
+    std::os::unix::fs::symlink("big", tree.join("sym")).expect("symlink");
+    let sha = |p: &str| -> String {
+        let out = Command::new("sha256sum")
+            .arg(tree.join(p))
+            .output()
+            .expect("sha256sum");
+        let s = String::from_utf8_lossy(&out.stdout).into_owned();
+        format!("sha256:{}", s.split_whitespace().next().unwrap_or(""))
+    };
+    let img = fs.path().join("x.erofs");
+    let fp = |img: &std::path::Path, p: &str| -> serde_json::Value {
+        json(&ok(&[&"stat", &"--json", &img, &p]))["fingerprint"].clone()
+    };
+    for (extra, name) in [
+        (&["--xattr-inode-digest"][..], "erofs.fingerprint.v1"),
+        (
+            &["-z", "lz4hc", "-E", "fragments", "--xattr-inode-digest"][..],
+            "erofs.fingerprint.v1",
+        ),
+        (
+            &[
+                "--xattr-prefix",
+                "trusted.",
+                "--xattr-inode-digest=trusted.fp",
+            ][..],
+            "trusted.fp",
+        ),
+        (
+            &["-z", "zstd", "--metabox", "--xattr-inode-digest=user.fp"][..],
+            "user.fp",
+        ),
+    ] {
+        build(&tree, &img, extra);
+        for p in ["big", "d/small", "link"] {
+            assert_eq!(fp(&img, &format!("/{p}")), sha(p), "{extra:?} {p}");
+        }
+        assert_eq!(fp(&img, "/d/empty"), serde_json::Value::Null, "{extra:?}");
+        assert_eq!(fp(&img, "/sym"), serde_json::Value::Null, "{extra:?}");
+        let info = json(&ok(&[&"inspect", &"--json", &img]));
+        assert!(
+            info["feature_compat"].to_string().contains("ishare_xattrs"),
+            "{extra:?}: {info}"
+        );
+        let prefixes = info["xattr_prefixes"].to_string();
+        assert!(
+            prefixes.contains(&format!("\"{name}\"")),
+            "{extra:?}: {prefixes}"
+        );
+        ok(&[&"check", &img]);
+        ferofs_testkit::fsck_metabox(&img, &format!("{extra:?}"));
+        let m = Mount::erofs(&img);
+        if name.starts_with("erofs.") {
+            // No namespace: the kernel lists no such xattr.
+            assert_same_tree(&tree, m.path());
+        } else {
+            let v = xattr::get(m.path().join("big"), name)
+                .expect("getxattr")
+                .expect("fingerprint xattr");
+            let want = sha("big");
+            assert_eq!(&v[..7], b"sha256:");
+            assert_eq!(
+                format!(
+                    "sha256:{}",
+                    v[7..]
+                        .iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect::<String>()
+                ),
+                want
+            );
+            assert_eq!(
+                xattr::get(m.path().join("d/empty"), name).expect("getxattr"),
+                None
+            );
+        }
+    }
+    // Data that no longer matches its fingerprint: `check` says which file.
+    build(&tree, &img, &["--xattr-inode-digest"]);
+    let st = json(&ok(&[&"stat", &"--json", &img, &"/big"]));
+    let at = st["extents"][0]["physical"]
+        .as_u64()
+        .expect("big's first block");
+    let mut b = std::fs::read(&img).expect("read");
+    b[at as usize + 5] ^= 0xFF;
+    std::fs::write(&img, &b).expect("write");
+    let out = run(&[&"check", &"--json", &img]);
+    assert!(!out.status.success());
+    let r = String::from_utf8_lossy(&out.stdout);
+    assert!(r.contains("Fingerprint") && r.contains("/big"), "{r}");
+    // Not with --tar-index (the data stays in the tar).
+    let tar = fs.path().join("t.tar");
+    let st = Command::new("tar")
+        .arg("cf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(&tree)
+        .arg(".")
+        .status()
+        .expect("tar");
+    assert!(st.success());
+    let ti = fs.path().join("ti.erofs");
+    let out = run(&[
+        &"build",
+        &"--tar-index",
+        &"--xattr-inode-digest",
+        &"--tar",
+        &tar,
+        &ti,
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--xattr-inode-digest with --tar-index"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!ti.exists());
+}

@@ -182,13 +182,20 @@ pub fn encode_prefix_table(prefixes: &[LongPrefix]) -> Option<Vec<u8>> {
     Some(t)
 }
 
-/// Encode `name`'s entry with the first of `prefixes` it goes on with (the long
-/// index), else with its short prefix (index 0 and the whole name for none).
+/// Encode `name`'s entry with the longest of `prefixes` it goes on with (the first of
+/// equally long ones; the long index), else with its short prefix (index 0 and the
+/// whole name for none).
 pub fn encode_named(name: &[u8], value: &[u8], prefixes: &[LongPrefix]) -> Option<Vec<u8>> {
+    let mut best: Option<(usize, &[u8])> = None;
     for (i, p) in prefixes.iter().enumerate().take(MAX_LONG_PREFIXES) {
         if let Some(suffix) = p.suffix_of(name) {
-            return encode_entry(LONG_PREFIX_FLAG | i as u8, suffix, value);
+            if best.is_none_or(|(_, s)| suffix.len() < s.len()) {
+                best = Some((i, suffix));
+            }
         }
+    }
+    if let Some((i, suffix)) = best {
+        return encode_entry(LONG_PREFIX_FLAG | i as u8, suffix, value);
     }
     let (idx, suffix) = split_name(name).unwrap_or((0, name));
     encode_entry(idx, suffix, value)
@@ -240,11 +247,19 @@ mod tests {
         want.extend_from_slice(b"erofs.fingerprint.v1");
         want.push(0);
         assert_eq!(t, want);
-        // The first prefix that fits wins; others fall back to the short prefix.
-        let e = encode_named(b"trusted.overlay.opaque", b"y", &[fp.clone(), ovl.clone()])
-            .expect("entry");
-        assert_eq!(&e[..4], &[6, 0x81, 1, 0]);
+        // The longest prefix that fits wins; others fall back to the short prefix.
+        let trusted = LongPrefix::of(b"trusted.");
+        let e = encode_named(
+            b"trusted.overlay.opaque",
+            b"y",
+            &[fp.clone(), trusted, ovl.clone()],
+        )
+        .expect("entry");
+        assert_eq!(&e[..4], &[6, 0x82, 1, 0]);
         assert_eq!(&e[4..11], b"opaquey");
+        let e =
+            encode_named(b"erofs.fingerprint.v1", b"z", &[ovl.clone(), fp.clone()]).expect("entry");
+        assert_eq!(&e[..5], &[0, 0x81, 1, 0, b'z']);
         let e = encode_named(b"trusted.other", b"", &[ovl]).expect("entry");
         assert_eq!(&e[..4], &[5, INDEX_TRUSTED, 0, 0]);
     }

@@ -130,7 +130,9 @@ impl<S: Source> Image<S> {
 
     /// Full name for (index, stored suffix); None for internal/unknown namespaces, which
     /// the kernel does not list either.
-    fn full_name(&self, index: u8, suffix: &[u8]) -> Result<Option<Vec<u8>>> {
+    /// With `hidden`, a long prefix of no namespace (base index 0, e.g. the content
+    /// fingerprint's) gives its infix and the suffix too.
+    fn full_name(&self, index: u8, suffix: &[u8], hidden: bool) -> Result<Option<Vec<u8>>> {
         if index & LONG_PREFIX_FLAG != 0 {
             let pfx = self.long_prefixes()?;
             let (base, infix) = pfx
@@ -144,8 +146,10 @@ impl<S: Source> Image<S> {
                         "long prefix index out of range",
                     )
                 })?;
-            let Some(p) = short_prefix(*base) else {
-                return Ok(None);
+            let p: &[u8] = match short_prefix(*base) {
+                Some(p) => p,
+                None if hidden && *base == 0 => b"",
+                None => return Ok(None),
             };
             if *base == INDEX_LUSTRE {
                 return Ok(None);
@@ -177,6 +181,7 @@ impl<S: Source> Image<S> {
         nid: u64,
         area: &[u8],
         start: usize,
+        hidden: bool,
         out: &mut Vec<Xattr>,
     ) -> Result<()> {
         let mut p = start;
@@ -196,9 +201,11 @@ impl<S: Source> Image<S> {
                     "inline xattr entry overruns its area",
                 ));
             }
-            if let Some(name) =
-                self.full_name(eh.name_index, &area[p + ENTRY_HEADER_SIZE..name_end])?
-            {
+            if let Some(name) = self.full_name(
+                eh.name_index,
+                &area[p + ENTRY_HEADER_SIZE..name_end],
+                hidden,
+            )? {
                 out.push(Xattr {
                     name,
                     value: area[name_end..val_end].to_vec(),
@@ -209,7 +216,7 @@ impl<S: Source> Image<S> {
         Ok(())
     }
 
-    fn shared_entry(&self, nid: u64, id: u32) -> Result<Option<Xattr>> {
+    fn shared_entry(&self, nid: u64, id: u32, hidden: bool) -> Result<Option<Xattr>> {
         let in_mb = self.sb.has_compat(COMPAT_SHARED_EA_IN_METABOX);
         let rel = u64::from(id) * 4;
         let read = |buf: &mut [u8], pos: u64| -> Result<()> {
@@ -259,10 +266,12 @@ impl<S: Source> Image<S> {
         let mut body = vec![0u8; usize::from(eh.name_len) + usize::from(eh.value_size)];
         read(&mut body, pos + ENTRY_HEADER_SIZE as u64)?;
         let (name, value) = body.split_at(usize::from(eh.name_len));
-        Ok(self.full_name(eh.name_index, name)?.map(|name| Xattr {
-            name,
-            value: value.to_vec(),
-        }))
+        Ok(self
+            .full_name(eh.name_index, name, hidden)?
+            .map(|name| Xattr {
+                name,
+                value: value.to_vec(),
+            }))
     }
 
     /// The inline area of an inode (empty when it has none).
@@ -326,18 +335,55 @@ impl<S: Source> Image<S> {
 
     /// All attributes: inline entries first, then shared ones, in on-disk order.
     pub fn xattrs(&self, ino: &Inode) -> Result<Vec<Xattr>> {
+        self.xattrs_with(ino, false)
+    }
+
+    /// All attributes, those under a long prefix of no namespace too (`hidden`).
+    fn xattrs_with(&self, ino: &Inode, hidden: bool) -> Result<Vec<Xattr>> {
         let mut out = Vec::new();
         let Some((area, ids_end)) = self.xattr_ibody(ino)? else {
             return Ok(out);
         };
-        self.parse_entries(ino.nid, &area, ids_end, &mut out)?;
+        self.parse_entries(ino.nid, &area, ids_end, hidden, &mut out)?;
         for c in area[IBODY_HEADER_SIZE..ids_end].chunks_exact(4) {
             let id = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            if let Some(x) = self.shared_entry(ino.nid, id)? {
+            if let Some(x) = self.shared_entry(ino.nid, id, hidden)? {
                 out.push(x);
             }
         }
         Ok(out)
+    }
+
+    /// The name of the content-fingerprint xattr (`--xattr-inode-digest`), when the
+    /// superblock names one (`COMPAT_ISHARE_XATTRS`).
+    pub fn fingerprint_name(&self) -> Result<Option<Vec<u8>>> {
+        if !self.sb.has_compat(COMPAT_ISHARE_XATTRS) {
+            return Ok(None);
+        }
+        let id = self.sb.ishare_xattr_prefix_id & LONG_PREFIX_INDEX_MASK;
+        match self.xattr_prefixes()?.get(usize::from(id)) {
+            Some(p) => Ok(Some(p.clone())),
+            None => Err(corrupt(
+                CorruptKind::BadXattrPrefix,
+                None,
+                None,
+                Some(u64::from(id)),
+                "fingerprint prefix index beyond the prefix table",
+            )),
+        }
+    }
+
+    /// The inode's content fingerprint (the value of the xattr the superblock names,
+    /// e.g. `sha256:` and 32 bytes), hidden namespaces included.
+    pub fn fingerprint(&self, ino: &Inode) -> Result<Option<Vec<u8>>> {
+        let Some(name) = self.fingerprint_name()? else {
+            return Ok(None);
+        };
+        Ok(self
+            .xattrs_with(ino, true)?
+            .into_iter()
+            .find(|x| x.name == name)
+            .map(|x| x.value))
     }
 
     /// One attribute by full name (uses the bloom filter when it is valid).

@@ -42,6 +42,7 @@ mod dedupe;
 pub mod dir;
 pub mod erofsin;
 mod frag;
+pub mod fsconfig;
 pub mod fsverity;
 mod layout;
 mod lzo;
@@ -145,6 +146,10 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
             n.xattrs
                 .retain(|(k, _)| o.aufs && k.as_slice() == b"trusted.overlay.opaque");
         }
+    }
+    if let Some(fc) = &o.fs_config {
+        use std::os::unix::ffi::OsStrExt;
+        fsconfig::apply(&mut tree, fc, o.mount_point.as_os_str().as_bytes())?;
     }
     if let Some(fc) = &o.file_contexts {
         use std::os::unix::ffi::OsStrExt;

@@ -35,6 +35,9 @@ pub struct BuildOptions {
     /// `--file-contexts`: SELinux labels (`security.selinux`) by path and type,
     /// replacing the source's.
     pub file_contexts: Option<std::sync::Arc<crate::selabel::FileContexts>>,
+    /// `--fs-config-file`: Android's canned fs_config, owner, permission bits and
+    /// capabilities per path (under `mount_point`), in place of the source's.
+    pub fs_config: Option<std::sync::Arc<crate::fsconfig::FsConfig>>,
     /// `--mount-point`: where the image is mounted, for the file contexts' paths.
     pub mount_point: PathBuf,
     /// Paths relative to the source root; a directory excludes its subtree.
@@ -205,6 +208,7 @@ impl Default for BuildOptions {
             no_xattrs: false,
             force_gid: None,
             file_contexts: None,
+            fs_config: None,
             mount_point: PathBuf::new(),
             exclude_paths: Vec::new(),
             exclude_regex: Vec::new(),

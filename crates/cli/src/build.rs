@@ -77,9 +77,18 @@ pub struct BuildArgs {
     /// label). Paths are `/MOUNT-POINT/PATH` (see --mount-point).
     #[arg(long, value_name = "FILE")]
     file_contexts: Option<PathBuf>,
+    /// Android's canned fs_config (as mkfs.erofs built for Android): owner, permission
+    /// bits and capabilities for every path, in place of the source's. Lines `PATH UID
+    /// GID MODE [capabilities=CAPS]` (PATH relative to the partition root, `/` or a
+    /// line starting with a space for the root; MODE octal; CAPS e.g. `0x1000`); the
+    /// last line of a path wins; a path not listed is an error. Non-zero capabilities
+    /// become the `security.capability` xattr. Paths are `MOUNT-POINT/PATH` (see
+    /// --mount-point), the root the empty path.
+    #[arg(long, value_name = "FILE")]
+    fs_config_file: Option<PathBuf>,
     /// Where the image will be mounted (e.g. `/system`): the prefix of the paths
-    /// looked up in --file-contexts. Default: `/`.
-    #[arg(long, value_name = "PATH", requires = "file_contexts")]
+    /// looked up in --file-contexts and --fs-config-file. Default: `/`.
+    #[arg(long, value_name = "PATH")]
     mount_point: Option<PathBuf>,
     /// Make the root directory's xattr area at least this many bytes (at most 65,532;
     /// the rest zeros), as mkfs.erofs's `--root-xattr-isize`: room for a tool that adds
@@ -387,9 +396,17 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
         o.file_contexts = Some(std::sync::Arc::new(
             ferofs_builder::selabel::FileContexts::load(f)?,
         ));
-        if let Some(m) = &a.mount_point {
-            o.mount_point = ferofs_builder::selabel::mount_point(m);
+    }
+    if let Some(f) = &a.fs_config_file {
+        o.fs_config = Some(std::sync::Arc::new(
+            ferofs_builder::fsconfig::FsConfig::load(f)?,
+        ));
+    }
+    if let Some(m) = &a.mount_point {
+        if a.file_contexts.is_none() && a.fs_config_file.is_none() {
+            bail!("--mount-point: only --file-contexts and --fs-config-file use it");
         }
+        o.mount_point = ferofs_builder::selabel::mount_point(m);
     }
     if a.root_xattr_isize as usize > ferofs_builder::xattrs::ROOT_XATTR_ISIZE_MAX {
         bail!(

@@ -22,7 +22,7 @@ const UNSUPPORTED_LONG: [&str; 6] = [
 ];
 
 /// Long options whose value may be the next argument.
-const LONG_WITH_VALUE: [&str; 20] = [
+const LONG_WITH_VALUE: [&str; 22] = [
     "root-xattr-isize",
     "max-extent-bytes",
     "file-contexts",
@@ -43,6 +43,8 @@ const LONG_WITH_VALUE: [&str; 20] = [
     "dsunit",
     "blobdev",
     "xattr-prefix",
+    "fs-config-file",
+    "product-out",
 ];
 
 /// The `ferofs build` arguments (after `build`) for mkfs.erofs's `args` (after the
@@ -59,6 +61,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
     let mut mkfs_time = false;
     let mut chunksize: Option<String> = None;
     let mut mount_point: Option<String> = None;
+    let mut product_out: Option<String> = None;
     let mut max_extent: Option<String> = None;
     let mut i = 0;
     // Bounded: every pass consumes at least one argument.
@@ -130,15 +133,18 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                 "force-uid" | "force-gid" | "uid-offset" | "gid-offset" | "exclude-path"
                 | "exclude-regex" | "compress-hints" | "offset" | "fsalignblks"
                 | "dsunit" | "blobdev" | "file-contexts" | "root-xattr-isize"
-                | "xattr-prefix" => {
+                | "xattr-prefix" | "fs-config-file" => {
                     let v = value()?;
                     out.push(format!("--{name}").into());
                     out.push(v.into());
                 }
                 // Kept until the end: it applies to uncompressed images only.
                 "chunksize" => chunksize = Some(value()?),
-                // Only the file contexts' paths use it (outside Android builds).
+                // Only the file contexts' and the fs_config's paths use it.
                 "mount-point" => mount_point = Some(value()?),
+                // Where Android's build put the partitions: only libcutils's built-in
+                // fs_config table reads it, never a canned file (--fs-config-file).
+                "product-out" => product_out = Some(value()?),
                 // Kept until the end: without -z, mkfs.erofs ignores it.
                 "max-extent-bytes" => max_extent = Some(value()?),
                 "workers" => {
@@ -246,7 +252,14 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
         }
         pos.push(raw.clone());
     }
-    if let Some(m) = mount_point.filter(|_| out.iter().any(|a| a == "--file-contexts")) {
+    let fs_config = out.iter().any(|a| a == "--fs-config-file");
+    if product_out.is_some() && !fs_config {
+        bail!(
+            "mkfs.erofs: --product-out without --fs-config-file (libcutils's built-in Android fs_config table) is not implemented by ferofs: give the canned fs_config"
+        );
+    }
+    if let Some(m) = mount_point.filter(|_| fs_config || out.iter().any(|a| a == "--file-contexts"))
+    {
         out.push("--mount-point".into());
         out.push(m.into());
     }
@@ -753,6 +766,35 @@ mod tests {
             t(&["--xattr-inode-digest=trusted.fp", "o", "s"]).expect("translate"),
             ["--xattr-inode-digest=trusted.fp", "-z", "none", "s", "o"]
         );
+    }
+
+    #[test]
+    fn android_fs_config_passes_through() {
+        assert_eq!(
+            t(&[
+                "-zlz4hc",
+                "--mount-point=system",
+                "--fs-config-file",
+                "fsc",
+                "--product-out=out",
+                "o",
+                "s"
+            ])
+            .expect("translate"),
+            [
+                "-z",
+                "lz4hc",
+                "--fs-config-file",
+                "fsc",
+                "--mount-point",
+                "system",
+                "s",
+                "o"
+            ]
+        );
+        // libcutils's built-in table (no canned file) is not there to be read.
+        let e = t(&["--product-out=out", "o", "s"]).expect_err("accepted");
+        assert!(e.to_string().contains("--product-out"), "{e}");
     }
 
     #[test]

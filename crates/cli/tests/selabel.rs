@@ -174,3 +174,152 @@ fn labels_equal_mkfs_erofs() {
     assert_eq!(a, b);
     assert_eq!(a["./bin/sh"].as_deref(), Some("u:object_r:shell_exec:s0"));
 }
+
+/// `--fs-config-file` (Android's canned fs_config, as mkfs.erofs built for Android
+/// reads it): every inode gets the listed owner and permission bits (its type stays),
+/// capabilities become `security.capability`, the last line of a path wins; the kernel
+/// shows exactly that. An unlisted path (here a name with a space, which no line can
+/// hold) is an error naming it, and no image is left. The drop-in takes Android's
+/// command line (`--mount-point`, `--fs-config-file`, `--product-out`) and builds the
+/// same bytes.
+#[test]
+fn fs_config_sets_owners_modes_and_capabilities() {
+    use std::os::unix::fs::MetadataExt;
+    if !kernel_available("fs_config_sets_owners_modes_and_capabilities") {
+        return;
+    }
+    let fs = scratch("fsconfig");
+    let src = fs.path().join("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    tree(&src);
+    // (path, uid, gid, mode, capabilities)
+    let entries: &[(&str, u32, u32, u32, u64)] = &[
+        ("", 0, 0, 0o755, 0),
+        ("bin", 0, 2000, 0o751, 0),
+        ("bin/sh", 0, 2000, 0o4755, (1 << 12) | (1 << 13)),
+        ("bin/x.sh", 1000, 1001, 0o700, 0),
+        ("bin/ls", 0, 2000, 0o2755, 1 << 36),
+        ("bin/ls-hard", 0, 2000, 0o2755, 1 << 36),
+        ("bin/sh2", 0, 0, 0o777, 0),
+        ("etc", 0, 0, 0o755, 0),
+        ("etc/hosts", 0, 0, 0o644, 0),
+        ("etc/app.conf", 1000, 1000, 0o600, 0),
+        ("lib", 0, 0, 0o1777, 0),
+        ("lib/link", 0, 0, 0o777, 0),
+        ("lib/null", 0, 0, 0o666, 0),
+        ("lib/loop", 0, 6, 0o660, 0),
+        ("lib/fifo", 1000, 1000, 0o620, 0),
+        ("vendor", 0, 2000, 0o755, 0),
+        ("vendor/firmware", 0, 2000, 0o755, 0),
+        ("vendor/firmware/a.bin", 0, 0, 0o444, 0),
+    ];
+    let mut text = String::from(" 9 9 0700\nsystem/etc/hosts 5 5 0600 selabel=x\n");
+    for (p, u, g, m, c) in entries {
+        if p.is_empty() {
+            text.push_str(&format!("/ {u} {g} {m:04o}\n"));
+        } else if *c != 0 {
+            text.push_str(&format!(
+                "/system/{p} {u} {g} {m:04o} capabilities={c:#x}\n"
+            ));
+        } else {
+            text.push_str(&format!("system/{p} {u} {g} {m:o}\n"));
+        }
+    }
+    let cfg = fs.path().join("fs_config");
+    std::fs::write(&cfg, &text).expect("write");
+    let img = fs.path().join("sys.erofs");
+    // "odd dir" has no line (a path with a space cannot have one).
+    let out = run(&[
+        &"build",
+        &"--fs-config-file",
+        &cfg,
+        &"--mount-point",
+        &"/system",
+        &src,
+        &img,
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("system/odd dir") && err.contains("not listed in the fs_config file"),
+        "{err}"
+    );
+    assert!(!img.exists());
+    std::fs::remove_dir_all(src.join("odd dir")).expect("rm");
+    ok(&[
+        &"build",
+        &"-q",
+        &"-z",
+        &"lz4hc",
+        &"--fs-config-file",
+        &cfg,
+        &"--mount-point",
+        &"/system",
+        &src,
+        &img,
+    ]);
+    let m = Mount::erofs(&img);
+    for (p, u, g, mode, caps) in entries {
+        let path = m.path().join(p);
+        let md = std::fs::symlink_metadata(&path).expect("stat");
+        let src_md = std::fs::symlink_metadata(src.join(p)).expect("stat source");
+        assert_eq!(
+            (md.uid(), md.gid(), md.mode() & 0o7777),
+            (*u, *g, *mode),
+            "{p}"
+        );
+        assert_eq!(md.mode() & 0o170000, src_md.mode() & 0o170000, "{p}: type");
+        if md.file_type().is_symlink() {
+            continue;
+        }
+        let got = xattr::get(&path, "security.capability").expect("getxattr");
+        if *caps == 0 {
+            assert_eq!(got, None, "{p}");
+        } else {
+            let mut want = vec![1u8, 0, 0, 2];
+            want.extend_from_slice(&(*caps as u32).to_le_bytes());
+            want.extend_from_slice(&[0; 4]);
+            want.extend_from_slice(&((*caps >> 32) as u32).to_le_bytes());
+            want.extend_from_slice(&[0; 4]);
+            assert_eq!(got, Some(want), "{p}");
+        }
+    }
+    // The source's other xattrs stay.
+    assert_eq!(
+        xattr::get(m.path().join("etc/app.conf"), "user.kept").expect("getxattr"),
+        Some(b"1".to_vec())
+    );
+    drop(m);
+    ok(&[&"check", &img]);
+    fsck_erofs(&img).unwrap_or_else(|e| panic!("fsck.erofs: {e}"));
+    // Android's command line through the drop-in: the same image.
+    let d = fs.path().join("dropin.erofs");
+    let mkfs = fs.path().join("mkfs.erofs");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ferofs"), &mkfs).expect("symlink");
+    let out = Command::new(&mkfs)
+        .args([
+            "-zlz4hc",
+            "--quiet",
+            "--mount-point=/system/",
+            "--product-out=/nowhere",
+        ])
+        .arg(format!("--fs-config-file={}", cfg.display()))
+        .arg(&d)
+        .arg(&src)
+        .output()
+        .expect("run mkfs.erofs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read(&img).expect("img"),
+        std::fs::read(&d).expect("drop-in")
+    );
+    // A bad line is named.
+    std::fs::write(&cfg, "system/bin 0 0\n").expect("write");
+    let out = run(&[&"build", &"--fs-config-file", &cfg, &src, &img]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("fs_config:1:"));
+}

@@ -167,6 +167,12 @@ pub struct BuildArgs {
     /// `ferofs` reads the image and BLOB concatenated (`cat IMAGE BLOB`).
     #[arg(long, value_name = "BLOB")]
     blobdev: Option<PathBuf>,
+    /// Also write a VMDK descriptor to FILE that joins the image and its extra devices
+    /// (the --blobdev blob, the --tar-index tar) into one virtual disk for a VM (as
+    /// mkfs.erofs's `--vmdk-desc`): extents of at most 2 GiB, in device-table order,
+    /// which is the image's unified address space.
+    #[arg(long, value_name = "FILE")]
+    vmdk_desc: Option<PathBuf>,
     /// Round the image's size up to a multiple of N blocks (N rounded up to a power of
     /// two; the blocks added are zeros), as mkfs.erofs's `--fsalignblks`: e.g. for a
     /// partition or a disk image that wants whole MiB.
@@ -723,6 +729,19 @@ pub fn run(a: BuildArgs) -> Result<()> {
         v.finish();
     }
     let report = built.with_context(|| format!("building {} from {source}", image.display()))?;
+    if let Some(d) = &a.vmdk_desc {
+        let devices: Vec<String> = if let Some(b) = &a.blobdev {
+            vec![b.display().to_string()]
+        } else if a.tar_index {
+            a.tar
+                .iter()
+                .map(|t| t.to_string_lossy().into_owned())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        crate::vmdk::write(d, &image, opts.output_offset, &devices)?;
+    }
     let summary = Summary {
         image: &image,
         report: &report,

@@ -12,17 +12,16 @@ use anyhow::{bail, Result};
 use std::ffi::OsString;
 
 /// mkfs.erofs options ferofs knows but does not implement (a clear error).
-const UNSUPPORTED_LONG: [&str; 6] = [
+const UNSUPPORTED_LONG: [&str; 5] = [
     "incremental",
     "gzinfo",
-    "vmdk-desc",
     "zD",
     "random-pclusterblks",
     "random-algorithms",
 ];
 
 /// Long options whose value may be the next argument.
-const LONG_WITH_VALUE: [&str; 22] = [
+const LONG_WITH_VALUE: [&str; 23] = [
     "root-xattr-isize",
     "max-extent-bytes",
     "file-contexts",
@@ -45,6 +44,7 @@ const LONG_WITH_VALUE: [&str; 22] = [
     "xattr-prefix",
     "fs-config-file",
     "product-out",
+    "vmdk-desc",
 ];
 
 /// The `ferofs build` arguments (after `build`) for mkfs.erofs's `args` (after the
@@ -133,7 +133,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                 "force-uid" | "force-gid" | "uid-offset" | "gid-offset" | "exclude-path"
                 | "exclude-regex" | "compress-hints" | "offset" | "fsalignblks"
                 | "dsunit" | "blobdev" | "file-contexts" | "root-xattr-isize"
-                | "xattr-prefix" | "fs-config-file" => {
+                | "xattr-prefix" | "fs-config-file" | "vmdk-desc" => {
                     let v = value()?;
                     out.push(format!("--{name}").into());
                     out.push(v.into());
@@ -801,7 +801,6 @@ mod tests {
     fn unimplemented_options_are_named() {
         for (args, what) in [
             (&["--gzinfo", "o", "s"][..], "--gzinfo"),
-            (&["--vmdk-desc=x", "o", "s"][..], "--vmdk-desc"),
             (&["--tar=headerball", "o"][..], "--tar=headerball"),
             (&["--bogus", "o", "s"][..], "--bogus"),
             (&["-Q", "o", "s"][..], "-Q"),

@@ -14,6 +14,7 @@ mod mount;
 mod report;
 mod source;
 mod tarw;
+mod vmdk;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

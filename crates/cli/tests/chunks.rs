@@ -461,3 +461,146 @@ fn blobdev_puts_the_data_on_an_extra_device() {
     assert!(!out.status.success());
     assert!(!nob.exists(), "a failed build left a blob");
 }
+
+/// `--vmdk-desc FILE` (mkfs.erofs's): a VMDK descriptor joining the image and its
+/// extra device (the `--blobdev` blob; the `--tar-index` tar) in device-table order.
+/// The disk its extents describe, put together byte for byte, mounts with the kernel
+/// as the tree; the header's CID is the UUID's four words XORed; the drop-in takes it.
+#[test]
+fn vmdk_descriptor_joins_the_image_and_its_devices() {
+    if !kernel_available("vmdk_descriptor_joins_the_image_and_its_devices") {
+        return;
+    }
+    let (fs, tree) = make_tree();
+    let img = fs.path().join("meta.erofs");
+    let blob = fs.path().join("blob.bin");
+    let desc = fs.path().join("disk.vmdk");
+    let b = blob.to_str().expect("utf-8 path");
+    let d = desc.to_str().expect("utf-8 path");
+    // The disk a descriptor describes: each extent's sectors of its file (zeros past
+    // the file's end, as a flat extent reads).
+    let disk = |desc: &Path| -> Vec<u8> {
+        let text = std::fs::read_to_string(desc).expect("read descriptor");
+        let mut out = Vec::new();
+        for l in text.lines().filter(|l| l.starts_with("RW ")) {
+            let q: Vec<&str> = l.split('"').collect();
+            let n: usize = q[0]["RW ".len()..]
+                .trim()
+                .trim_end_matches("FLAT")
+                .trim()
+                .parse()
+                .expect("sectors");
+            let at: usize = q[2].trim().parse().expect("offset");
+            let f = std::fs::read(q[1]).expect("extent file");
+            let mut part = vec![0u8; n * 512];
+            let have = f.len().saturating_sub(at * 512).min(n * 512);
+            part[..have].copy_from_slice(&f[at * 512..at * 512 + have]);
+            out.extend(part);
+        }
+        out
+    };
+    let uuid_cid = |img: &Path| -> String {
+        let info = json(&ok(&[&"inspect", &"--json", &img]));
+        let hex: String = info["uuid"].as_str().expect("uuid").replace('-', "");
+        let bytes: Vec<u8> = (0..16)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("hex"))
+            .collect();
+        let cid = bytes
+            .chunks_exact(4)
+            .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+            .fold(0, |a, w| a ^ w);
+        format!("CID={cid:x}\n")
+    };
+    build(
+        &tree,
+        &img,
+        &[
+            "-z",
+            "none",
+            "--chunksize",
+            "4096",
+            "--blobdev",
+            b,
+            "--vmdk-desc",
+            d,
+        ],
+    );
+    let text = std::fs::read_to_string(&desc).expect("descriptor");
+    assert!(
+        text.starts_with("# Disk DescriptorFile\nversion=1\n"),
+        "{text}"
+    );
+    assert!(text.contains(&uuid_cid(&img)), "{text}");
+    assert!(text.contains("createType=\"twoGbMaxExtentFlat\""), "{text}");
+    let img_len = std::fs::metadata(&img).expect("stat").len();
+    assert!(
+        text.contains(&format!(
+            "RW {} FLAT \"{}\" 0\n",
+            img_len / 512,
+            img.display()
+        )),
+        "{text}"
+    );
+    assert!(text.contains(&format!("FLAT \"{b}\" 0\n")), "{text}");
+    let whole = fs.path().join("disk.img");
+    std::fs::write(&whole, disk(&desc)).expect("write disk");
+    {
+        let m = ferofs_testkit::Mount::erofs(&whole);
+        ferofs_testkit::assert_same_tree(&tree, m.path());
+    }
+    // Tar index mode: the tar is the device (of a tree tar can hold: no socket).
+    let small = fs.path().join("small");
+    chunky(&small.join("c"));
+    let tar = fs.path().join("t.tar");
+    let st = std::process::Command::new("tar")
+        .args(["--format=posix", "-cf"])
+        .arg(&tar)
+        .arg("-C")
+        .arg(&small)
+        .arg(".")
+        .status()
+        .expect("tar");
+    assert!(st.success());
+    let ti = fs.path().join("ti.erofs");
+    ok(&[
+        &"build",
+        &"-q",
+        &"--tar-index",
+        &"--tar",
+        &tar,
+        &"--vmdk-desc",
+        &desc,
+        &ti,
+    ]);
+    let text = std::fs::read_to_string(&desc).expect("descriptor");
+    assert!(
+        text.contains(&format!("FLAT \"{}\" 0\n", tar.display())),
+        "{text}"
+    );
+    std::fs::write(&whole, disk(&desc)).expect("write disk");
+    {
+        let m = ferofs_testkit::Mount::erofs(&whole);
+        ferofs_testkit::assert_same_tree(&small, m.path());
+    }
+    // The drop-in's spelling.
+    let mkfs = fs.path().join("mkfs.erofs");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ferofs"), &mkfs).expect("symlink");
+    let img2 = fs.path().join("m2.erofs");
+    let desc2 = fs.path().join("d2.vmdk");
+    let out = std::process::Command::new(&mkfs)
+        .args(["--quiet", "--chunksize=4096"])
+        .arg(format!("--blobdev={}", fs.path().join("b2.bin").display()))
+        .arg(format!("--vmdk-desc={}", desc2.display()))
+        .arg(&img2)
+        .arg(&tree)
+        .output()
+        .expect("run mkfs.erofs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::read_to_string(&desc2)
+        .expect("descriptor")
+        .contains("b2.bin\" 0\n"));
+}

@@ -1,0 +1,121 @@
+//! `build --vmdk-desc FILE` (mkfs.erofs's `--vmdk-desc`): a VMDK descriptor that joins
+//! the image and its extra devices (the `--blobdev` blob, the `--tar-index` tar) into
+//! one virtual disk, in device-table order, which is the image's unified address space
+//! (each device right behind the one before): a VM (QEMU, VMware) sees one disk that
+//! mounts as the image with every device in place.
+//!
+//! The descriptor is text: a header (CID from the UUID, no parent, type
+//! `twoGbMaxExtentFlat`), one `RW SECTORS FLAT "FILE" OFFSET` extent line per file and
+//! per 2 GiB of it (sectors of 512 bytes), and the disk database (IDE geometry: 16
+//! heads, 63 sectors a track).
+
+use anyhow::{bail, Context, Result};
+use ferofs_format::sb::*;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::Path;
+
+/// Most sectors one extent line covers (2 GiB).
+const EXTENT_MAX: u64 = 0x8000_0000 >> 9;
+
+/// The descriptor for files `(name, sectors, first sector)` of the disk, in order, and
+/// the image's UUID.
+pub fn descriptor(uuid: &[u8; 16], files: &[(String, u64, u64)]) -> String {
+    let cid = uuid
+        .chunks_exact(4)
+        .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+        .fold(0u32, |a, w| a ^ w);
+    let mut s = format!(
+        "# Disk DescriptorFile\nversion=1\nCID={cid:x}\nparentCID=ffffffff\n\
+         createType=\"twoGbMaxExtentFlat\"\n\n# Extent description\n"
+    );
+    let mut total = 0u64;
+    for (name, sectors, first) in files {
+        let (mut left, mut at) = (*sectors, *first);
+        // Bounded: each line takes up to EXTENT_MAX (> 0) sectors.
+        while left > 0 {
+            let n = left.min(EXTENT_MAX);
+            s.push_str(&format!("RW {n} FLAT \"{name}\" {at}\n"));
+            left -= n;
+            at += n;
+        }
+        total += sectors;
+    }
+    s.push_str(&format!(
+        "\n# The Disk Data Base\n#DDB\n\nddb.virtualHWVersion = \"4\"\n\
+         ddb.geometry.cylinders = \"{}\"\nddb.geometry.heads = \"16\"\n\
+         ddb.geometry.sectors = \"63\"\nddb.adapterType = \"ide\"\n",
+        total.div_ceil(63 * 16)
+    ));
+    s
+}
+
+/// Write the descriptor for the image `image` (starting `offset` bytes into the
+/// file), whose extra devices are the files `devices` in device-table order, to `out`
+/// (through a temporary file and a rename: a half-written descriptor never stays).
+pub fn write(out: &Path, image: &Path, offset: u64, devices: &[String]) -> Result<()> {
+    if offset % 512 != 0 {
+        bail!("--vmdk-desc with --offset {offset}: a disk extent starts on a 512-byte sector");
+    }
+    let mut f = std::fs::File::open(image).with_context(|| format!("{}", image.display()))?;
+    let mut b = [0u8; SB_MAX_SIZE];
+    f.seek(SeekFrom::Start(offset + SB_OFFSET))?;
+    f.read_exact(&mut b)?;
+    let sb = Superblock::parse(&b);
+    let (_, blocks) = sb.root_nid_and_blocks();
+    let shift = u32::from(sb.blkszbits)
+        .checked_sub(9)
+        .context("block size below 512 bytes")?;
+    let mut files = vec![(image.display().to_string(), blocks << shift, offset / 512)];
+    if usize::from(sb.extra_devices) != devices.len() {
+        bail!(
+            "--vmdk-desc: the image has {} extra devices, {} files were given for them",
+            sb.extra_devices,
+            devices.len()
+        );
+    }
+    for (i, name) in devices.iter().enumerate() {
+        let mut slot = [0u8; DEVICE_SLOT_SIZE];
+        let at = u64::from(sb.devt_slotoff) * DEVICE_SLOT_SIZE as u64 + i as u64 * 128;
+        f.seek(SeekFrom::Start(offset + at))?;
+        f.read_exact(&mut slot)?;
+        files.push((name.clone(), DeviceSlot::parse(&slot).blocks() << shift, 0));
+    }
+    let text = descriptor(&sb.uuid, &files);
+    let dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("--vmdk-desc: a temporary file in {}", dir.display()))?;
+    tmp.write_all(text.as_bytes())?;
+    tmp.persist(out)
+        .with_context(|| format!("--vmdk-desc: writing {}", out.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptor_text() {
+        let uuid: [u8; 16] = [1, 0, 0, 0, 2, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0x80];
+        // 5 GiB of blob: three extents (2 + 2 + 1 GiB), offsets going on.
+        let d = descriptor(
+            &uuid,
+            &[("img.erofs".into(), 8, 0), ("blob".into(), 5 << 21, 0)],
+        );
+        assert_eq!(
+            d,
+            "# Disk DescriptorFile\nversion=1\nCID=80000007\nparentCID=ffffffff\n\
+             createType=\"twoGbMaxExtentFlat\"\n\n# Extent description\n\
+             RW 8 FLAT \"img.erofs\" 0\n\
+             RW 4194304 FLAT \"blob\" 0\n\
+             RW 4194304 FLAT \"blob\" 4194304\n\
+             RW 2097152 FLAT \"blob\" 8388608\n\
+             \n# The Disk Data Base\n#DDB\n\nddb.virtualHWVersion = \"4\"\n\
+             ddb.geometry.cylinders = \"10403\"\nddb.geometry.heads = \"16\"\n\
+             ddb.geometry.sectors = \"63\"\nddb.adapterType = \"ide\"\n"
+        );
+    }
+}

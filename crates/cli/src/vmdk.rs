@@ -53,7 +53,7 @@ pub fn descriptor(uuid: &[u8; 16], files: &[(String, u64, u64)]) -> String {
 /// file), whose extra devices are the files `devices` in device-table order, to `out`
 /// (through a temporary file and a rename: a half-written descriptor never stays).
 pub fn write(out: &Path, image: &Path, offset: u64, devices: &[String]) -> Result<()> {
-    if offset % 512 != 0 {
+    if !offset.is_multiple_of(512) {
         bail!("--vmdk-desc with --offset {offset}: a disk extent starts on a 512-byte sector");
     }
     let mut f = std::fs::File::open(image).with_context(|| format!("{}", image.display()))?;

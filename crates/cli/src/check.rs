@@ -110,10 +110,10 @@ impl Problem {
                 value: c.value,
                 expected: None,
             },
-            Error::Io { offset, source } => Problem {
+            Error::Io { offset, error } => Problem {
                 paths: paths.to_vec(),
                 kind: "Io".into(),
-                what: format!("{context}: {source}"),
+                what: format!("{context}: {error}"),
                 nid: None,
                 offset: Some(*offset),
                 value: None,
@@ -245,7 +245,7 @@ pub fn open_for_check(path: &std::path::Path) -> Result<(Image, Vec<Problem>), E
     let src = |path| {
         crate::source::open_src(path).map_err(|e| Error::Io {
             offset: 0,
-            source: std::io::Error::other(format!("{e:#}")),
+            error: std::io::Error::other(format!("{e:#}")),
         })
     };
     match Image::new(src(path)?) {

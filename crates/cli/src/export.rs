@@ -413,7 +413,7 @@ fn read_segment(img: &Image, ctx: &mut ReadCtx, job: &Job, mut buf: Vec<u8>) -> 
 fn stop() -> ferofs_reader::Error {
     ferofs_reader::Error::Io {
         offset: 0,
-        source: std::io::Error::other("export stopped"),
+        error: std::io::Error::other("export stopped"),
     }
 }
 

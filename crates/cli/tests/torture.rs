@@ -277,10 +277,10 @@ fn check_error(e: &Error) -> String {
             assert!(!c.detail.is_empty(), "corruption without detail: {c:?}");
             format!("{:?}", c.kind)
         }
-        Error::Io { source, .. } => {
+        Error::Io { error, .. } => {
             // The only I/O error a Mutant gives is its budget.
             assert!(
-                source.to_string().contains("read budget"),
+                error.to_string().contains("read budget"),
                 "unexpected I/O error {e}"
             );
             "Io".into()

@@ -68,12 +68,10 @@ impl fmt::Display for Corruption {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("I/O error at image offset {offset}: {source}")]
-    Io {
-        offset: u64,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The cause is part of the message (and not also the error's `source()`, which
+    /// made `{:#}` chains print it twice).
+    #[error("I/O error at image offset {offset}: {error}")]
+    Io { offset: u64, error: std::io::Error },
     #[error("{0}")]
     Corrupt(Corruption),
     #[error("unsupported: {what}{}", .nid.map(|n| format!(" (nid {n})")).unwrap_or_default())]
@@ -133,5 +131,25 @@ pub fn unsupported(what: impl Into<String>, nid: Option<u64>) -> Error {
     Error::Unsupported {
         what: what.into(),
         nid,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cause of an I/O error is said once: in the message, not again as the
+    /// error's source (which `{:#}` and error reporters print behind it).
+    #[test]
+    fn io_cause_is_said_once() {
+        let e = Error::Io {
+            offset: 4096,
+            error: std::io::Error::other("disk on fire"),
+        };
+        assert_eq!(
+            e.to_string(),
+            "I/O error at image offset 4096: disk on fire"
+        );
+        assert!(std::error::Error::source(&e).is_none());
     }
 }

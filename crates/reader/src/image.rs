@@ -80,7 +80,7 @@ impl Image<File> {
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let f = File::open(path.as_ref()).map_err(|e| Error::Io {
             offset: 0,
-            source: e,
+            error: e,
         })?;
         Self::new(f)
     }
@@ -101,7 +101,7 @@ impl<S: Source> Image<S> {
     fn new_with(src: S, verify_checksum: bool) -> Result<Self> {
         let len = src.size().map_err(|e| Error::Io {
             offset: 0,
-            source: e,
+            error: e,
         })?;
         if len < SB_OFFSET + SB_BASE_SIZE as u64 {
             return Err(corrupt(
@@ -426,7 +426,7 @@ pub(crate) fn read_src<S: Source + ?Sized>(src: &S, buf: &mut [u8], offset: u64)
                 "read beyond the end of the image",
             )
         } else {
-            Error::Io { offset, source: e }
+            Error::Io { offset, error: e }
         }
     })
 }

@@ -20,7 +20,8 @@
 //!   level >= 0xE0: full indexes for every compressed file (`-E legacy-compress`)
 //!   alg2 & 32: every file's data at a multiple of 2 + level % 7 blocks (`--dsunit`)
 //!   bsize & 64 without chunks: long xattr prefixes `trusted.`, `user.a`,
-//!   `security.selinux` (`--xattr-prefix`), plain when level is odd
+//!   `security.selinux` (`--xattr-prefix`), plain when level is odd; content
+//!   fingerprints (`--xattr-inode-digest`) too when level % 4 < 2
 //! root    meta
 //! entry*  op parent name (meta kind-data | target)     (until the input ends; at most 48)
 //!   op % 8: 0 directory, 1 2 7 regular file, 3 symlink, 4 hardlink, 5 device, 6 fifo
@@ -337,6 +338,7 @@ fn spec_options(r: &mut In) -> BuildOptions {
             Vec::new()
         },
         plain_xattr_prefixes: prefixes && level % 2 == 1,
+        inode_digest: (prefixes && level % 4 < 2).then(|| b"erofs.fingerprint.v1".to_vec()),
         block_size,
         chunks,
         inode_version: if bsize & 4 != 0 {
@@ -677,6 +679,16 @@ pub fn check(s: &Spec, image: Vec<u8>) {
                             .read_to_vec(&ino)
                             .unwrap_or_else(|e| panic!("{show}: read: {e}"));
                         assert!(got == *c, "{show}: contents differ");
+                        // A content fingerprint (--xattr-inode-digest) on every
+                        // non-empty file, hidden from the xattr listing above.
+                        let fp = img
+                            .fingerprint(&ino)
+                            .unwrap_or_else(|e| panic!("{show}: fingerprint: {e}"));
+                        let want_fp = (s.opts.inode_digest.is_some() && !c.is_empty()).then(|| {
+                            let d: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(c).into();
+                            [&b"sha256:"[..], &d].concat()
+                        });
+                        assert_eq!(fp, want_fp, "{show}: fingerprint");
                         // Again in odd-sized pieces through one context.
                         let mut buf = vec![0u8; 4093];
                         let mut off = 0usize;

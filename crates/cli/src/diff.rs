@@ -11,7 +11,7 @@
 //! filesystems by design), and which paths are hardlinks of each other.
 
 use crate::fmt::{bytes_display, type_name};
-use crate::list::open;
+use crate::list::open_one_of;
 use crate::source::Image;
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -82,13 +82,13 @@ enum Tree {
 impl Tree {
     fn open(p: &Path) -> Result<Tree> {
         if crate::source::is_url(p) {
-            return Ok(Tree::Image(Box::new(open(p)?)));
+            return Ok(Tree::Image(Box::new(open_one_of(p)?)));
         }
         let m = fs::metadata(p).with_context(|| format!("cannot open {}", p.display()))?;
         Ok(if m.is_dir() {
             Tree::Dir(p.to_path_buf())
         } else {
-            Tree::Image(Box::new(open(p)?))
+            Tree::Image(Box::new(open_one_of(p)?))
         })
     }
 

@@ -9,9 +9,27 @@ use std::io::Write;
 use std::path::Path;
 
 pub fn open(image: &Path) -> Result<Image> {
-    let src = crate::source::open_src(image)
+    open_with(image, crate::source::has_devices())
+}
+
+/// [`open`], joined with the `--device` files only when `devices`.
+pub fn open_with(image: &Path, devices: bool) -> Result<Image> {
+    let src = crate::source::open_src_with(image, devices)
         .with_context(|| format!("cannot open image {}", image.display()))?;
     Image::new(src).map_err(|e| crate::source::cannot_open(image, e))
+}
+
+/// [`open`] for one of several images on one command line (`diff`): the `--device`
+/// files go to an image whose device table has extra devices, not to one without.
+pub fn open_one_of(image: &Path) -> Result<Image> {
+    if !crate::source::has_devices() || crate::source::is_url(image) {
+        return open(image);
+    }
+    let plain = open_with(image, false)?;
+    if plain.superblock().extra_devices == 0 {
+        return Ok(plain);
+    }
+    open_with(image, true)
 }
 
 fn lookup(img: &Image, path: &str) -> Result<Inode> {

@@ -175,6 +175,11 @@ pub fn open_remote(url: &str) -> Result<Arc<Remote>> {
 
 /// The bytes of an image argument: a file, or a URL.
 pub fn open_src(image: &Path) -> Result<Src> {
+    open_src_with(image, has_devices())
+}
+
+/// [`open_src`], joined with the `--device` files only when `devices`.
+pub fn open_src_with(image: &Path, devices: bool) -> Result<Src> {
     let offset = offset()?;
     match image.to_str() {
         Some(u) if ferofs_remote::is_url(u) => {
@@ -186,7 +191,7 @@ pub fn open_src(image: &Path) -> Result<Src> {
             let file = std::fs::File::open(image).with_context(|| image.display().to_string())?;
             let f = ferofs_mount::OffsetFile::new(file, offset)
                 .with_context(|| format!("{}: --offset", image.display()))?;
-            if has_devices() {
+            if devices {
                 return Ok(Src::Joined(Arc::new(joined(f, image)?)));
             }
             Ok(Src::File(f))

@@ -343,7 +343,10 @@ fn blobdev_puts_the_data_on_an_extra_device() {
         );
     }
     assert_image_holds(&both, &tree, &x, "image + blob");
-    // The image and the blob as they are: `--device` (check, extract, FUSE mount).
+    // The image and the blob as they are: `--device` (check, extract, FUSE mount;
+    // `diff` gives it to the image that has a device, not to the other).
+    ok(&[&"diff", &"--device", &blob, &img, &plain]);
+    ok(&[&"diff", &"--device", &blob, &plain, &img]);
     let out = ok(&[&"check", &img, &"--device", &blob]);
     assert!(out.starts_with("clean: 0 problems"), "{out}");
     ok(&[&"extract", &"--device", &blob, &img, &x]);

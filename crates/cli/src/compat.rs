@@ -12,10 +12,9 @@ use anyhow::{bail, Result};
 use std::ffi::OsString;
 
 /// mkfs.erofs options ferofs knows but does not implement (a clear error).
-const UNSUPPORTED_LONG: [&str; 5] = [
+const UNSUPPORTED_LONG: [&str; 4] = [
     "incremental",
     "gzinfo",
-    "zD",
     "random-pclusterblks",
     "random-algorithms",
 ];
@@ -62,6 +61,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
     let mut chunksize: Option<String> = None;
     let mut mount_point: Option<String> = None;
     let mut product_out: Option<String> = None;
+    let mut zd = false;
     let mut max_extent: Option<String> = None;
     let mut i = 0;
     // Bounded: every pass consumes at least one argument.
@@ -110,6 +110,11 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                     "mkfs.erofs: --MZ={}: the flags are 0, i and d",
                     inline.as_deref().unwrap_or("")
                 ),
+                // Compressed directories: ferofs stores directories uncompressed (on
+                // a Debian rootfs mkfs.erofs 1.9.3 saves 0.06 % with them). A
+                // warning, not an error: build scripts that pass it keep working. (In
+                // mkfs.erofs 1.9.3 `--zD=1` turns it off and any other value on.)
+                "zD" => zd = inline.as_deref() != Some("1"),
                 // A full build is all ferofs does (mkfs.erofs's default).
                 "clean" if matches!(inline.as_deref(), None | Some("data")) => {}
                 "clean" => bail!(
@@ -251,6 +256,11 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
             continue;
         }
         pos.push(raw.clone());
+    }
+    if zd && !out.iter().any(|a| a == "--quiet") {
+        eprintln!(
+            "mkfs.erofs: --zD ignored: ferofs stores directories uncompressed (mkfs.erofs 1.9.3 saves about 0.06 % with it on a Debian rootfs)"
+        );
     }
     let fs_config = out.iter().any(|a| a == "--fs-config-file");
     if product_out.is_some() && !fs_config {
@@ -795,6 +805,16 @@ mod tests {
         // libcutils's built-in table (no canned file) is not there to be read.
         let e = t(&["--product-out=out", "o", "s"]).expect_err("accepted");
         assert!(e.to_string().contains("--product-out"), "{e}");
+    }
+
+    #[test]
+    fn compressed_directories_are_ignored_with_a_warning() {
+        for zd in ["--zD", "--zD=0", "--zD=1"] {
+            assert_eq!(
+                t(&["-zlz4", zd, "--quiet", "o", "s"]).expect("translate"),
+                ["-z", "lz4", "--quiet", "s", "o"]
+            );
+        }
     }
 
     #[test]

@@ -48,6 +48,7 @@ impl<S: Source> W<'_, S> {
             }
         }
         let _ = img.get_xattr(ino, b"user.missing");
+        let _ = img.fingerprint(ino);
         if ino.is_dir() {
             if depth > 64 || !self.seen.insert(ino.nid) {
                 return;
@@ -107,6 +108,8 @@ impl<S: Source> W<'_, S> {
 /// few inodes by number.
 pub fn walk_all<S: Source>(img: &Image<S>, seed: u64) {
     let _ = img.info();
+    let _ = img.xattr_prefixes();
+    let _ = img.fingerprint_name();
     let mut w = W {
         img,
         seen: HashSet::new(),

@@ -586,22 +586,18 @@ fn vmdk_descriptor_joins_the_image_and_its_devices() {
         ferofs_testkit::assert_same_tree(&small, m.path());
     }
     // The drop-in's spelling.
-    let mkfs = fs.path().join("mkfs.erofs");
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ferofs"), &mkfs).expect("symlink");
     let img2 = fs.path().join("m2.erofs");
     let desc2 = fs.path().join("d2.vmdk");
-    let out = std::process::Command::new(&mkfs)
-        .args(["--quiet", "--chunksize=4096"])
-        .arg(format!("--blobdev={}", fs.path().join("b2.bin").display()))
-        .arg(format!("--vmdk-desc={}", desc2.display()))
-        .arg(&img2)
-        .arg(&tree)
-        .output()
-        .expect("run mkfs.erofs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    mkfs_dropin(
+        fs.path(),
+        &[
+            &"--quiet",
+            &"--chunksize=4096",
+            &format!("--blobdev={}", fs.path().join("b2.bin").display()),
+            &format!("--vmdk-desc={}", desc2.display()),
+            &img2,
+            &tree,
+        ],
     );
     assert!(std::fs::read_to_string(&desc2)
         .expect("descriptor")

@@ -84,3 +84,22 @@ pub fn set_xattr(path: &Path, name: &str, value: &[u8]) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Run ferofs as `mkfs.erofs` (the drop-in: a symlink of that name in `dir`, made on
+/// first use) with `args`; panic with its stderr unless it succeeds.
+pub fn mkfs_dropin(dir: &Path, args: &[&dyn AsRef<std::ffi::OsStr>]) {
+    let link = dir.join("mkfs.erofs");
+    if !link.exists() {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ferofs"), &link).expect("symlink");
+    }
+    let out = Command::new(&link)
+        .args(args.iter().map(|a| a.as_ref()))
+        .output()
+        .expect("run mkfs.erofs");
+    assert!(
+        out.status.success(),
+        "mkfs.erofs {:?}: {}",
+        args.iter().map(|a| a.as_ref()).collect::<Vec<_>>(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

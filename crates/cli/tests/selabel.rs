@@ -294,24 +294,17 @@ fn fs_config_sets_owners_modes_and_capabilities() {
     fsck_erofs(&img).unwrap_or_else(|e| panic!("fsck.erofs: {e}"));
     // Android's command line through the drop-in: the same image.
     let d = fs.path().join("dropin.erofs");
-    let mkfs = fs.path().join("mkfs.erofs");
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ferofs"), &mkfs).expect("symlink");
-    let out = Command::new(&mkfs)
-        .args([
-            "-zlz4hc",
-            "--quiet",
-            "--mount-point=/system/",
-            "--product-out=/nowhere",
-        ])
-        .arg(format!("--fs-config-file={}", cfg.display()))
-        .arg(&d)
-        .arg(&src)
-        .output()
-        .expect("run mkfs.erofs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    mkfs_dropin(
+        fs.path(),
+        &[
+            &"-zlz4hc",
+            &"--quiet",
+            &"--mount-point=/system/",
+            &"--product-out=/nowhere",
+            &format!("--fs-config-file={}", cfg.display()),
+            &d,
+            &src,
+        ],
     );
     assert_eq!(
         std::fs::read(&img).expect("img"),

@@ -192,7 +192,7 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     // image (whose kernels read the plain table).
     if let Some(p) = placed.packed.as_mut() {
         if !plan.cfg.prefixes.is_empty() && !o.metabox && !o.plain_xattr_prefixes {
-            plan.prefixes_in_packed = Some(p.append_aligned(&plan.cfg.prefixes)?);
+            plan.prefixes_in_packed = Some(p.append_aligned(&plan.cfg.prefix_table())?);
         }
     }
     if let (Some(id), Some(p)) = (tree.packed, &placed.packed) {

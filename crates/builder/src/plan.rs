@@ -203,8 +203,8 @@ fn most_common_whole_second(tree: &Tree) -> Option<i64> {
 pub fn plan(tree: &Tree, build_time: i64, o: &BuildOptions) -> Result<Plan> {
     let bits = o.block_size.trailing_zeros() as u8;
     let bs = u64::from(o.block_size);
-    let (long, _) = o.long_prefixes();
-    let mut xattrs = xattrs::plan(tree, o.metabox, &long);
+    let cfg = ComprCfg::new(o, &tree.devices);
+    let mut xattrs = xattrs::plan(tree, o.metabox, &cfg.prefixes);
     xattrs::reserve_root(&mut xattrs, tree.root, o.root_xattr_isize);
     // Inode versions: compact only when every value fits and the mtime is the one a
     // compact inode shows: the build time, or (48-bit layout, Linux 6.15+) any mtime of
@@ -283,7 +283,6 @@ pub fn plan(tree: &Tree, build_time: i64, o: &BuildOptions) -> Result<Plan> {
             _ => 0,
         })
         .collect();
-    let cfg = ComprCfg::new(o, &tree.devices);
     let mut p = Plan {
         bits,
         bs,

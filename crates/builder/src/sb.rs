@@ -8,6 +8,7 @@ use ferofs_format::sb::*;
 
 /// The compression config records and whether the image needs them: pclusters over
 /// one block or any algorithm other than LZ4.
+#[derive(Default)]
 pub struct ComprCfg {
     pub needed: bool,
     /// Bit per on-disk algorithm id used.
@@ -20,11 +21,11 @@ pub struct ComprCfg {
     /// Extra devices (tar index mode), their sizes in blocks: a device table of one
     /// 128-byte slot each behind the records.
     pub devices: Vec<u64>,
-    /// `--xattr-prefix`: the long-prefix table and how many prefixes it holds. Room
-    /// for it is kept behind the device table; it goes there (a plain table) unless
-    /// the packed inode takes it ([`SbFields::prefixes_in_packed`]).
-    pub prefixes: Vec<u8>,
-    pub prefix_count: u8,
+    /// The long xattr name prefixes (`--xattr-prefix`, `--xattr-inode-digest`), in
+    /// table order. Room for their table is kept behind the device table; it goes there
+    /// (a plain table) unless the packed inode takes it
+    /// ([`SbFields::prefixes_in_packed`]).
+    pub prefixes: Vec<ferofs_format::xattr::LongPrefix>,
     /// The `--xattr-inode-digest` prefix's index in the table.
     pub ishare: Option<u8>,
 }
@@ -33,16 +34,7 @@ impl ComprCfg {
     pub fn new(o: &BuildOptions, devices: &[u64]) -> Self {
         let mut c = Self::records(o);
         c.devices = devices.to_vec();
-        let (long, ishare) = o.long_prefixes();
-        c.ishare = ishare;
-        // (Lengths and count were checked with the options.)
-        if let (Some(t), Ok(n)) = (
-            ferofs_format::xattr::encode_prefix_table(&long),
-            u8::try_from(long.len()),
-        ) {
-            c.prefixes = t;
-            c.prefix_count = n;
-        }
+        (c.prefixes, c.ishare) = o.long_prefixes();
         c
     }
 
@@ -56,12 +48,8 @@ impl ComprCfg {
             return ComprCfg {
                 needed: false,
                 algs: 0,
-                bytes: Vec::new(),
                 sb_size,
-                devices: Vec::new(),
-                prefixes: Vec::new(),
-                prefix_count: 0,
-                ishare: None,
+                ..Default::default()
             };
         };
         // The packed inode compresses with its own pcluster size (`-E fragments=SIZE`):
@@ -108,11 +96,14 @@ impl ComprCfg {
             algs,
             bytes,
             sb_size,
-            devices: Vec::new(),
-            prefixes: Vec::new(),
-            prefix_count: 0,
-            ishare: None,
+            ..Default::default()
         }
+    }
+
+    /// The long-prefix table's bytes (empty without prefixes; their lengths were
+    /// checked with the options, so every record fits).
+    pub fn prefix_table(&self) -> Vec<u8> {
+        ferofs_format::xattr::encode_prefix_table(&self.prefixes).unwrap_or_default()
     }
 
     /// First byte of the device table (128-byte slots, addressed in slots).
@@ -140,7 +131,7 @@ impl ComprCfg {
         if self.prefixes.is_empty() {
             return self.tables_end();
         }
-        self.prefixes_at() + self.prefixes.len() as u64
+        self.prefixes_at() + self.prefix_table().len() as u64
     }
 }
 
@@ -242,9 +233,10 @@ pub fn superblock(f: &SbFields, cfg: &ComprCfg, label: Option<&str>) -> Result<S
     // when there is one) or plain (read there by 6.4+ when there is no packed inode,
     // and by every kernel that knows the plain flag).
     let (mut xattr_prefix_count, mut xattr_prefix_start, mut plain_pfx) = (0, 0, 0);
-    if cfg.prefix_count > 0 {
+    if !cfg.prefixes.is_empty() {
         feature_incompat |= INCOMPAT_XATTR_PREFIXES;
-        xattr_prefix_count = cfg.prefix_count;
+        xattr_prefix_count = u8::try_from(cfg.prefixes.len())
+            .map_err(|_| BuildError::Options("more than 255 xattr name prefixes".into()))?;
         let at = match f.prefixes_in_packed {
             Some(off) => off,
             None => {
@@ -360,7 +352,8 @@ pub fn seal_block0(block0: &mut [u8], sb: &Superblock, cfg: &ComprCfg, with_cfg:
     }
     if sb.feature_compat & COMPAT_PLAIN_XATTR_PFX != 0 {
         let at = cfg.prefixes_at() as usize;
-        block0[at..at + cfg.prefixes.len()].copy_from_slice(&cfg.prefixes);
+        let table = cfg.prefix_table();
+        block0[at..at + table.len()].copy_from_slice(&table);
     }
     if sb.feature_compat & COMPAT_SB_CHKSUM != 0 {
         let clen = checksum_len(1u32 << sb.blkszbits);

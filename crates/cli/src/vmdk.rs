@@ -10,8 +10,7 @@
 //! heads, 63 sectors a track).
 
 use anyhow::{bail, Context, Result};
-use ferofs_format::sb::*;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::Write;
 use std::path::Path;
 
 /// Most sectors one extent line covers (2 GiB).
@@ -50,37 +49,34 @@ pub fn descriptor(uuid: &[u8; 16], files: &[(String, u64, u64)]) -> String {
 }
 
 /// Write the descriptor for the image `image` (starting `offset` bytes into the
-/// file), whose extra devices are the files `devices` in device-table order, to `out`
-/// (through a temporary file and a rename: a half-written descriptor never stays).
+/// file, where the reader opens it: the global `--offset`), whose extra devices are
+/// the files `devices` in device-table order, to `out` (through a temporary file and a
+/// rename: a half-written descriptor never stays).
 pub fn write(out: &Path, image: &Path, offset: u64, devices: &[String]) -> Result<()> {
     if !offset.is_multiple_of(512) {
         bail!("--vmdk-desc with --offset {offset}: a disk extent starts on a 512-byte sector");
     }
-    let mut f = std::fs::File::open(image).with_context(|| format!("{}", image.display()))?;
-    let mut b = [0u8; SB_MAX_SIZE];
-    f.seek(SeekFrom::Start(offset + SB_OFFSET))?;
-    f.read_exact(&mut b)?;
-    let sb = Superblock::parse(&b);
-    let (_, blocks) = sb.root_nid_and_blocks();
-    let shift = u32::from(sb.blkszbits)
-        .checked_sub(9)
-        .context("block size below 512 bytes")?;
-    let mut files = vec![(image.display().to_string(), blocks << shift, offset / 512)];
-    if usize::from(sb.extra_devices) != devices.len() {
+    let img = crate::list::open_with(image, false)?;
+    let shift = img.block_size().trailing_zeros() - 9;
+    let (_, blocks) = img.superblock().root_nid_and_blocks();
+    let slots = img.device_slots();
+    if slots.len() != devices.len() {
         bail!(
             "--vmdk-desc: the image has {} extra devices, {} files were given for them",
-            sb.extra_devices,
+            slots.len(),
             devices.len()
         );
     }
-    for (i, name) in devices.iter().enumerate() {
-        let mut slot = [0u8; DEVICE_SLOT_SIZE];
-        let at = u64::from(sb.devt_slotoff) * DEVICE_SLOT_SIZE as u64 + i as u64 * 128;
-        f.seek(SeekFrom::Start(offset + at))?;
-        f.read_exact(&mut slot)?;
-        files.push((name.clone(), DeviceSlot::parse(&slot).blocks() << shift, 0));
-    }
-    let text = descriptor(&sb.uuid, &files);
+    let files: Vec<(String, u64, u64)> =
+        std::iter::once((image.display().to_string(), blocks << shift, offset / 512))
+            .chain(
+                devices
+                    .iter()
+                    .zip(slots)
+                    .map(|(name, slot)| (name.clone(), slot.blocks() << shift, 0)),
+            )
+            .collect();
+    let text = descriptor(&img.superblock().uuid, &files);
     let dir = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),

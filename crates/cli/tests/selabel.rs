@@ -28,6 +28,15 @@ setfattr -n user.kept -v 1 etc/app.conf
     ferofs_testkit::run(Command::new("sh").arg("-c").arg(sh));
 }
 
+/// A scratch directory named after `what` holding [`tree`] in `src`.
+fn scratch_tree(what: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let fs = scratch(what);
+    let src = fs.path().join("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    tree(&src);
+    (fs, src)
+}
+
 /// Rules that exercise each precedence case; `P` is the path prefix.
 fn contexts(prefix: &str) -> String {
     format!(
@@ -71,10 +80,7 @@ fn file_contexts_label_every_inode() {
     if !kernel_available("file_contexts_label_every_inode") {
         return;
     }
-    let fs = scratch("selabel");
-    let src = fs.path().join("src");
-    std::fs::create_dir(&src).expect("mkdir");
-    tree(&src);
+    let (fs, src) = scratch_tree("selabel");
     let fc = fs.path().join("file_contexts");
     std::fs::write(&fc, contexts("/system")).expect("write");
     let img = fs.path().join("sys.erofs");
@@ -156,10 +162,7 @@ fn labels_equal_mkfs_erofs() {
         eprintln!("SKIPPED: {} is built without libselinux", mkfs.display());
         return;
     }
-    let fs = scratch("selabel-mkfs");
-    let src = fs.path().join("src");
-    std::fs::create_dir(&src).expect("mkdir");
-    tree(&src);
+    let (fs, src) = scratch_tree("selabel-mkfs");
     let fc = fs.path().join("file_contexts");
     std::fs::write(&fc, contexts("")).expect("write");
     let (ours, theirs) = (fs.path().join("ours.erofs"), fs.path().join("theirs.erofs"));
@@ -188,10 +191,7 @@ fn fs_config_sets_owners_modes_and_capabilities() {
     if !kernel_available("fs_config_sets_owners_modes_and_capabilities") {
         return;
     }
-    let fs = scratch("fsconfig");
-    let src = fs.path().join("src");
-    std::fs::create_dir(&src).expect("mkdir");
-    tree(&src);
+    let (fs, src) = scratch_tree("fsconfig");
     // (path, uid, gid, mode, capabilities)
     let entries: &[(&str, u32, u32, u32, u64)] = &[
         ("", 0, 0, 0o755, 0),

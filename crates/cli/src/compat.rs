@@ -403,6 +403,58 @@ mod tests {
     }
 
     #[test]
+    fn erofsfuse_command_lines() {
+        let t = |args: &[&str]| -> Result<Vec<String>> {
+            let a: Vec<OsString> = args.iter().map(OsString::from).collect();
+            Ok(erofsfuse_to_ferofs(&a)?
+                .into_iter()
+                .map(|s| s.to_string_lossy().into_owned())
+                .collect())
+        };
+        assert_eq!(t(&["img", "mnt"]).expect("plain"), ["mount", "img", "mnt"]);
+        assert_eq!(
+            t(&[
+                "--offset=4096",
+                "--device=blob",
+                "--dbglevel=7",
+                "-fs",
+                "-o",
+                "allow_other,max_threads=4,fsname=x",
+                "-onodev,debug",
+                "img",
+                "mnt"
+            ])
+            .expect("options"),
+            [
+                "mount",
+                "--offset",
+                "4096",
+                "--device",
+                "blob",
+                "-f",
+                "-v",
+                "-o",
+                "allow_other,threads=4,threads=1",
+                "img",
+                "mnt"
+            ]
+        );
+        assert_eq!(t(&["-V"]).expect("-V"), ["--version"]);
+        assert_eq!(t(&["--help"]).expect("--help"), ["mount", "--help"]);
+        for (bad, name) in [
+            (&["-o", "allow_root", "i", "m"][..], "allow_root"),
+            (&["-o"][..], "-o needs"),
+            (&["-x", "i", "m"][..], "-x"),
+            (&["--aux", "i", "m"][..], "--aux"),
+            (&["i"][..], "IMAGE MOUNTPOINT"),
+            (&["i", "m", "n"][..], "IMAGE MOUNTPOINT"),
+        ] {
+            let e = t(bad).expect_err("must fail").to_string();
+            assert!(e.contains(name), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
     fn containerd_command_line() {
         assert_eq!(
             t(&[
@@ -962,6 +1014,115 @@ fn fsck_command(
             Ok(vec!["check".into(), image])
         }
     }
+}
+
+/// The `ferofs mount` command line (after the program name) for erofsfuse's `args`
+/// (erofs-utils 1.9.3: `[options] IMAGE MOUNTPOINT`, in the background unless `-f` or
+/// `-d`). Its own options: `--offset=N`, `--device=FILE` (repeatable), `--dbglevel=N`
+/// (ferofs has no levels: ignored). libfuse's: `-f`, `-d` and `-o debug` (foreground,
+/// reader errors reported), `-s` (one thread: `-o threads=1`), `-o OPTS` (attached or
+/// as the next argument) where ferofs has the option (`allow_other`, `ro`, `suid`,
+/// `dev`, `nosuid`, `nodev`, `default_permissions`, `max_threads=N` as `threads=N`) or
+/// where it changes nothing here (`clone_fd`, `max_idle_threads=N`, `fsname=`,
+/// `subtype=`); any other option is an error naming it. One difference stays:
+/// ferofs checks permissions in the kernel (`default_permissions`) unless told
+/// `no_default_permissions`.
+pub fn erofsfuse_to_ferofs(args: &[OsString]) -> Result<Vec<OsString>> {
+    let mut pos: Vec<OsString> = Vec::new();
+    let mut opts: Vec<String> = Vec::new();
+    let mut out: Vec<OsString> = vec!["mount".into()];
+    let (mut fg, mut verbose, mut single) = (false, false, false);
+    let mut it = args.iter();
+    let mut rest = false;
+    // Bounded by the argument list: each turn takes one or two arguments.
+    while let Some(raw) = it.next() {
+        let Some(a) = raw
+            .to_str()
+            .filter(|a| !rest && a.starts_with('-') && a.len() > 1)
+        else {
+            pos.push(raw.clone());
+            continue;
+        };
+        if a == "--" {
+            rest = true;
+            continue;
+        }
+        if let Some(long) = a.strip_prefix("--") {
+            let (n, v) = match long.split_once('=') {
+                Some((n, v)) => (n, Some(v)),
+                None => (long, None),
+            };
+            match (n, v) {
+                ("offset", Some(o)) => out.extend(["--offset".into(), o.into()]),
+                ("device", Some(d)) => out.extend(["--device".into(), d.into()]),
+                ("dbglevel", Some(_)) => {}
+                ("help", None) => return Ok(vec!["mount".into(), "--help".into()]),
+                ("version", None) => return Ok(vec!["--version".into()]),
+                _ => bail!("erofsfuse: option {a} is not implemented by ferofs"),
+            }
+            continue;
+        }
+        let c = a[1..].char_indices();
+        // Bounded by the argument's length.
+        for (i, opt) in c {
+            match opt {
+                'f' => fg = true,
+                'd' => (fg, verbose) = (true, true),
+                's' => single = true,
+                'h' => return Ok(vec!["mount".into(), "--help".into()]),
+                'V' => return Ok(vec!["--version".into()]),
+                'o' => {
+                    let v = &a[1 + i + 1..];
+                    let v = if v.is_empty() {
+                        it.next()
+                            .and_then(|n| n.to_str())
+                            .ok_or_else(|| anyhow::anyhow!("erofsfuse: -o needs options"))?
+                    } else {
+                        v
+                    };
+                    opts.extend(v.split(',').filter(|o| !o.is_empty()).map(String::from));
+                    break;
+                }
+                _ => bail!("erofsfuse: option -{opt} is not implemented by ferofs"),
+            }
+        }
+    }
+    let mut keep: Vec<String> = Vec::new();
+    for o in opts {
+        let (k, v) = match o.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (o.as_str(), None),
+        };
+        match (k, v) {
+            ("debug", None) => (fg, verbose) = (true, true),
+            ("allow_other" | "ro" | "suid" | "dev" | "default_permissions", None) => {
+                keep.push(o.clone())
+            }
+            ("max_threads", Some(n)) => keep.push(format!("threads={n}")),
+            // Off already (ferofs's defaults), or nothing to do for a read-only daemon
+            // that serves every request on its own threads.
+            ("nosuid" | "nodev" | "clone_fd", None)
+            | ("max_idle_threads" | "fsname" | "subtype", Some(_)) => {}
+            _ => bail!("erofsfuse: -o {o} is not implemented by ferofs"),
+        }
+    }
+    if single {
+        // libfuse's single-threaded loop, whatever max_threads says.
+        keep.push("threads=1".into());
+    }
+    let [image, dir] = <[OsString; 2]>::try_from(pos)
+        .map_err(|_| anyhow::anyhow!("erofsfuse: expected IMAGE MOUNTPOINT"))?;
+    if fg {
+        out.push("-f".into());
+    }
+    if verbose {
+        out.push("-v".into());
+    }
+    if !keep.is_empty() {
+        out.extend(["-o".into(), keep.join(",").into()]);
+    }
+    out.extend([image, dir]);
+    Ok(out)
 }
 
 /// The `ferofs` command lines for dump.erofs's `args`: `-s`/`-S` show the superblock

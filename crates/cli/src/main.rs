@@ -141,17 +141,25 @@ fn main() -> ExitCode {
         .and_then(|s| s.to_str())
         .unwrap_or("");
     // fsck.erofs and dump.erofs likewise (`ferofs fsck`, `ferofs dump`).
+    // erofsfuse too (`ferofs erofsfuse`).
     let (tool, rest) = match (prog, argv.get(1).and_then(|a| a.to_str())) {
-        ("mkfs.erofs" | "fsck.erofs" | "dump.erofs", _) => (
+        ("mkfs.erofs" | "fsck.erofs" | "dump.erofs" | "erofsfuse", _) => (
             prog.trim_end_matches(".erofs"),
             argv.get(1..).unwrap_or_default(),
         ),
-        (_, Some(t @ ("mkfs" | "fsck" | "dump"))) => (t, argv.get(2..).unwrap_or_default()),
+        (_, Some(t @ ("mkfs" | "fsck" | "dump" | "erofsfuse"))) => {
+            (t, argv.get(2..).unwrap_or_default())
+        }
         _ => ("", &[][..]),
     };
     let lines = match tool {
         "fsck" => Some(compat::fsck_to_ferofs(rest).map(|v| vec![v])),
         "dump" => Some(compat::dump_to_ferofs(rest)),
+        "erofsfuse" => Some(compat::erofsfuse_to_ferofs(rest).map(|v| {
+            // A background mount starts its daemon with this command line.
+            mount::set_args(v.clone());
+            vec![v]
+        })),
         _ => None,
     };
     if let Some(lines) = lines {

@@ -167,9 +167,22 @@ fn daemon(o: &ferofs_mount::Options) -> Result<()> {
 }
 
 /// The command: start the daemon and wait until the mount is up or the daemon failed.
+/// The ferofs command line (after the program name) a drop-in translated (erofsfuse's),
+/// for the daemon to be started with; unset: this process's own arguments.
+static ARGS: std::sync::OnceLock<Vec<OsString>> = std::sync::OnceLock::new();
+
+/// Start background mounts with `args` (a drop-in's translation) in place of this
+/// process's arguments.
+pub fn set_args(args: Vec<OsString>) {
+    let _ = ARGS.set(args);
+}
+
 fn background() -> Result<()> {
     let exe = std::env::current_exe().context("cannot find the ferofs executable")?;
-    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let args: Vec<OsString> = match ARGS.get() {
+        Some(a) => a.clone(),
+        None => std::env::args_os().skip(1).collect(),
+    };
     let mut cmd = Command::new(exe);
     // glibc: every thread that allocates gets its own arena, and the dynamic mmap
     // threshold soon puts the 1 MiB decoded extents in those arenas, where extents freed

@@ -329,6 +329,110 @@ fn built_images_equal_kernel() {
     }
 }
 
+/// The binary run as `erofsfuse` (a symlink) takes erofsfuse's command line: the image
+/// inside a file (`--offset=`), libfuse's `-s` and `-o` options, in the background by
+/// default and in the foreground with `-d`; an option ferofs lacks is an error naming it.
+#[test]
+fn erofsfuse_command_line() {
+    if !fuse_available("erofsfuse_command_line") {
+        return;
+    }
+    let (fs_, tree) = make_tree();
+    let img = fs_.path().join("a.erofs");
+    build(&tree, &img, &["-z", "lz4hc", "-E", "ztailpacking"]);
+    let off = 8192u64;
+    let wrapped = fs_.path().join("wrapped.bin");
+    let mut bytes = vec![0x5a; off as usize];
+    bytes.extend(fs::read(&img).expect("read image"));
+    fs::write(&wrapped, &bytes).expect("write wrapped");
+    let erofsfuse = fs_.path().join("erofsfuse");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ferofs"), &erofsfuse).expect("symlink");
+    let k = Mount::erofs(&img);
+
+    let dir = scratch("erofsfuse");
+    let out = std::process::Command::new(&erofsfuse)
+        .arg(format!("--offset={off}"))
+        .args([
+            "--dbglevel=3",
+            "-s",
+            "-o",
+            "ro,max_idle_threads=2",
+            "-oclone_fd",
+        ])
+        .arg(&wrapped)
+        .arg(dir.path())
+        .output()
+        .expect("run erofsfuse");
+    assert!(
+        out.status.success(),
+        "erofsfuse: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(mounted(dir.path()), "not mounted when erofsfuse returned");
+    let pid = daemon_pid(dir.path()).expect("no daemon process");
+    let cmd = fs::read(format!("/proc/{pid}/cmdline")).expect("cmdline");
+    let cmd: Vec<String> = cmd
+        .split(|&b| b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    assert!(
+        cmd.windows(2)
+            .any(|w| w[0] == "-o" && w[1] == "ro,threads=1"),
+        "{cmd:?}"
+    );
+    assert_eq!(
+        digest(k.path()),
+        digest(dir.path()),
+        "erofsfuse mount differs"
+    );
+    sh(std::process::Command::new("umount").arg(dir.path()));
+    wait_exit(pid, "umount");
+
+    // -d: the foreground, until SIGINT.
+    let mut fg = std::process::Command::new(&erofsfuse)
+        .arg("-d")
+        .arg(&img)
+        .arg(dir.path())
+        .spawn()
+        .expect("spawn erofsfuse -d");
+    let t = Instant::now();
+    while !mounted(dir.path()) {
+        assert!(t.elapsed() < Duration::from_secs(10), "-d never mounted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        digest(k.path()),
+        digest(dir.path()),
+        "erofsfuse -d mount differs"
+    );
+    sh(std::process::Command::new("kill").args(["-INT", &fg.id().to_string()]));
+    let st = fg.wait().expect("wait -d");
+    assert!(st.success(), "erofsfuse -d after SIGINT: {st}");
+    assert!(!mounted(dir.path()));
+
+    // Options ferofs does not have are named, and nothing is mounted.
+    for bad in [&["-o", "allow_root"][..], &["--aux=1"][..], &["-x"][..]] {
+        let out = ferofs()
+            .arg("erofsfuse")
+            .args(bad)
+            .arg(&img)
+            .arg(dir.path())
+            .output()
+            .expect("run ferofs erofsfuse");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let name = bad[bad.len() - 1]
+            .trim_start_matches('-')
+            .split('=')
+            .next()
+            .unwrap_or("");
+        assert!(
+            !out.status.success() && err.contains(name) && err.contains("not implemented"),
+            "{bad:?}: {err}"
+        );
+        assert!(!mounted(dir.path()), "{bad:?} mounted");
+    }
+}
+
 /// Deterministic, compressible-ish bytes (words from an LCG).
 fn text(seed: u64, n: usize) -> Vec<u8> {
     const W: [&[u8]; 16] = [

@@ -420,7 +420,7 @@ mod tests {
                 "-fs",
                 "-o",
                 "allow_other,max_threads=4,fsname=x",
-                "-onodev,debug",
+                "-onodev,debug,rw,noatime,noexec",
                 "img",
                 "mnt"
             ])
@@ -434,7 +434,7 @@ mod tests {
                 "-f",
                 "-v",
                 "-o",
-                "allow_other,threads=4,threads=1",
+                "allow_other,threads=4,noexec,threads=1",
                 "img",
                 "mnt"
             ]
@@ -1022,9 +1022,10 @@ fn fsck_command(
 /// (ferofs has no levels: ignored). libfuse's: `-f`, `-d` and `-o debug` (foreground,
 /// reader errors reported), `-s` (one thread: `-o threads=1`), `-o OPTS` (attached or
 /// as the next argument) where ferofs has the option (`allow_other`, `ro`, `suid`,
-/// `dev`, `nosuid`, `nodev`, `default_permissions`, `max_threads=N` as `threads=N`) or
-/// where it changes nothing here (`clone_fd`, `max_idle_threads=N`, `fsname=`,
-/// `subtype=`); any other option is an error naming it. One difference stays:
+/// `dev`, `noexec`, `exec`, `nosuid`, `nodev`, `default_permissions`, `max_threads=N`
+/// as `threads=N`) or where it changes nothing here (`rw`, which mount(8) hands
+/// helpers from fstab; access-time and sync options; `clone_fd`, `max_idle_threads=N`,
+/// `fsname=`, `subtype=`); any other option is an error naming it. One difference stays:
 /// ferofs checks permissions in the kernel (`default_permissions`) unless told
 /// `no_default_permissions`.
 pub fn erofsfuse_to_ferofs(args: &[OsString]) -> Result<Vec<OsString>> {
@@ -1095,13 +1096,23 @@ pub fn erofsfuse_to_ferofs(args: &[OsString]) -> Result<Vec<OsString>> {
         };
         match (k, v) {
             ("debug", None) => (fg, verbose) = (true, true),
-            ("allow_other" | "ro" | "suid" | "dev" | "default_permissions", None) => {
-                keep.push(o.clone())
-            }
+            (
+                "allow_other" | "ro" | "suid" | "dev" | "noexec" | "exec" | "default_permissions",
+                None,
+            ) => keep.push(o.clone()),
             ("max_threads", Some(n)) => keep.push(format!("threads={n}")),
             // Off already (ferofs's defaults), or nothing to do for a read-only daemon
             // that serves every request on its own threads.
-            ("nosuid" | "nodev" | "clone_fd", None)
+            // `rw`: what mount(8) hands a helper by default (fstab), which libfuse
+            // takes; the mount is read-only whatever it says (writes fail with EROFS).
+            // Access times and write modes: a read-only mount has none to keep.
+            ("nosuid" | "nodev" | "clone_fd" | "rw", None)
+            | (
+                "atime" | "noatime" | "relatime" | "norelatime" | "strictatime" | "nostrictatime"
+                | "lazytime" | "nolazytime" | "diratime" | "nodiratime" | "sync" | "async"
+                | "dirsync",
+                None,
+            )
             | ("max_idle_threads" | "fsname" | "subtype", Some(_)) => {}
             _ => bail!("erofsfuse: -o {o} is not implemented by ferofs"),
         }

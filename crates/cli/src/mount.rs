@@ -27,7 +27,7 @@ pub struct MountArgs {
     /// Mount options, comma-separated: allow_other, cache=SIZE, preload=SIZE (metadata
     /// read into memory at mount, default 16m; for URLs default 0), nopreload (=
     /// preload=0), read_ahead=SIZE (the FUSE device's read-ahead window, set as root;
-    /// default 4m, 0: the kernel's 128k), threads=N, ra_threads=N, suid, dev,
+    /// default 4m, 0: the kernel's 128k), threads=N, ra_threads=N, suid, dev, noexec,
     /// default_permissions (default),
     /// no_default_permissions, ro.
     #[arg(short = 'o', value_name = "OPTS")]
@@ -92,6 +92,8 @@ fn options(a: &MountArgs) -> Result<ferofs_mount::Options> {
             "ra_threads" => o.prefetch_threads = num(v)?.min(64),
             "suid" => o.suid = true,
             "dev" => o.dev = true,
+            "noexec" => o.noexec = true,
+            "exec" => o.noexec = false,
             "default_permissions" => o.default_permissions = true,
             "no_default_permissions" => o.default_permissions = false,
             "ro" => {}

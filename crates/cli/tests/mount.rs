@@ -356,8 +356,8 @@ fn erofsfuse_command_line() {
             "--dbglevel=3",
             "-s",
             "-o",
-            "ro,max_idle_threads=2",
-            "-oclone_fd",
+            "ro,max_idle_threads=2,noexec",
+            "-oclone_fd,rw,noatime",
         ])
         .arg(&wrapped)
         .arg(dir.path())
@@ -377,13 +377,26 @@ fn erofsfuse_command_line() {
         .collect();
     assert!(
         cmd.windows(2)
-            .any(|w| w[0] == "-o" && w[1] == "ro,threads=1"),
+            .any(|w| w[0] == "-o" && w[1] == "ro,noexec,threads=1"),
         "{cmd:?}"
     );
     assert_eq!(
         digest(k.path()),
         digest(dir.path()),
         "erofsfuse mount differs"
+    );
+    // noexec reached the kernel's mount flags (field 6 of mountinfo).
+    let want = dir.path().canonicalize().expect("canonicalize");
+    let info = fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let flags = info
+        .lines()
+        .map(|l| l.split(' ').collect::<Vec<_>>())
+        .find(|f| f.get(4).is_some_and(|m| Path::new(m) == want))
+        .and_then(|f| f.get(5).map(|s| s.to_string()))
+        .expect("mountinfo line");
+    assert!(
+        flags.split(',').any(|f| f == "ro") && flags.split(',').any(|f| f == "noexec"),
+        "{flags}"
     );
     sh(std::process::Command::new("umount").arg(dir.path()));
     wait_exit(pid, "umount");

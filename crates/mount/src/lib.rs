@@ -67,6 +67,8 @@ pub struct Options {
     /// Honour set-user-id bits and device nodes (`-o suid`, `-o dev`).
     pub suid: bool,
     pub dev: bool,
+    /// No program runs from the mount (`-o noexec`).
+    pub noexec: bool,
     pub record_access: Option<PathBuf>,
     /// Read-ahead window of the mount's FUSE device in bytes, set as root through its
     /// sysfs knob once mounted (0: the kernel's, 128 KiB); see [`set_read_ahead`].
@@ -90,6 +92,7 @@ impl Options {
             default_permissions: true,
             suid: false,
             dev: false,
+            noexec: false,
             record_access: None,
             read_ahead_bytes: DEFAULT_READ_AHEAD,
             verbose: false,
@@ -263,6 +266,9 @@ pub fn mount_source(o: &Options, src: ImageSource) -> Result<Mounted, MountError
     }
     if o.dev {
         opts.push(MountOption::Dev);
+    }
+    if o.noexec {
+        opts.push(MountOption::NoExec);
     }
     let mut cfg = Config::default();
     cfg.mount_options = opts;

@@ -25,6 +25,35 @@ pub struct BuildArgs {
     /// OCI layers into one tree (later layers win, whiteouts applied).
     #[arg(long, value_name = "FILE|-")]
     tar: Vec<std::ffi::OsString>,
+    /// Build from an image in an OCI registry (Docker Hub, GHCR, Quay, a private
+    /// registry): `[REGISTRY/]NAME[:TAG|@DIGEST]`, e.g. `debian:stable`,
+    /// `ghcr.io/OWNER/APP:1.2`, `localhost:5000/app@sha256:...`. The layers of the
+    /// platform's image are fetched (each checked against its size and SHA-256 digest)
+    /// into a temporary directory beside IMAGE, then flattened as repeated `--tar`s are
+    /// (whiteouts applied); only `IMAGE` is given as a path.
+    #[arg(long, value_name = "REF", conflicts_with_all = ["tar", "tar_index"])]
+    oci: Option<String>,
+    /// With --oci: the platform, `OS/ARCH[/VARIANT]` (default: this machine's, e.g.
+    /// `linux/amd64`).
+    #[arg(long, value_name = "OS/ARCH", requires = "oci")]
+    oci_platform: Option<String>,
+    /// With --oci: only this layer (0-based), its whiteouts applied to nothing.
+    #[arg(long, value_name = "N", requires = "oci", conflicts_with = "oci_blob")]
+    oci_layer: Option<usize>,
+    /// With --oci: only the layer with this digest (`sha256:HEX`).
+    #[arg(long, value_name = "DIGEST", requires = "oci")]
+    oci_blob: Option<String>,
+    /// With --oci: user name for the registry (its token service); the password from
+    /// --oci-password or the environment variable FEROFS_OCI_PASSWORD.
+    #[arg(long, value_name = "USER", requires = "oci")]
+    oci_username: Option<String>,
+    /// With --oci: the password (visible to other users in the process list: prefer
+    /// FEROFS_OCI_PASSWORD).
+    #[arg(long, value_name = "PASSWORD", requires = "oci_username")]
+    oci_password: Option<String>,
+    /// With --oci: plain HTTP (a registry without TLS, e.g. on localhost).
+    #[arg(long, requires = "oci")]
+    oci_insecure: bool,
     /// Tar input: OCI whiteouts (`.wh.NAME`, `.wh..wh..opq`) become overlayfs
     /// whiteouts (char 0:0) and opaque directories (`trusted.overlay.opaque=y`).
     #[arg(long)]
@@ -388,8 +417,8 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
         Some(1) => true,
         Some(n) => bail!("--ovlfs-strip={n}: 0 or 1"),
     };
-    if a.aufs && a.tar.is_empty() {
-        bail!("--aufs applies to tar input (--tar)");
+    if a.aufs && a.tar.is_empty() && a.oci.is_none() {
+        bail!("--aufs applies to tar input (--tar, --oci)");
     }
     o.all_root = a.all_root;
     o.force_uid = a.force_uid;
@@ -656,10 +685,65 @@ fn stop_on_signals() -> Result<()> {
     Ok(())
 }
 
-pub fn run(a: BuildArgs) -> Result<()> {
+/// Fetch the layers `--oci` names into a temporary directory beside the output image.
+fn pull_oci(a: &BuildArgs, reference: &str) -> Result<ferofs_remote::oci::Pulled> {
+    let [image] = a.paths.as_slice() else {
+        bail!("build --oci: give only the output IMAGE as a path");
+    };
+    let dir = match image.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let password = a
+        .oci_password
+        .clone()
+        .or_else(|| std::env::var("FEROFS_OCI_PASSWORD").ok());
+    let o = ferofs_remote::oci::OciOptions {
+        platform: a
+            .oci_platform
+            .clone()
+            .unwrap_or_else(ferofs_remote::oci::host_platform),
+        layer: a.oci_layer,
+        blob: a.oci_blob.clone(),
+        username: a.oci_username.clone(),
+        password: password.filter(|_| a.oci_username.is_some()),
+        insecure: a.oci_insecure,
+        ..Default::default()
+    };
+    let t = Instant::now();
+    let p = ferofs_remote::oci::pull(reference, &o, &dir)
+        .with_context(|| format!("pulling {reference}"))?;
+    if !a.quiet {
+        eprintln!(
+            "pulled {reference} ({}, manifest {}): {} layer(s), {} bytes in {:.1} s",
+            o.platform,
+            p.manifest_digest,
+            p.layers.len(),
+            p.bytes,
+            t.elapsed().as_secs_f64()
+        );
+    }
+    Ok(p)
+}
+
+pub fn run(mut a: BuildArgs) -> Result<()> {
     let mut opts = options(&a)?;
     stop_on_signals()?;
     open_files_to_the_hard_limit();
+    // --oci: the layers, fetched and checked, become the tar stack (kept until the
+    // build is done).
+    let _pulled = match a.oci.clone() {
+        Some(r) => {
+            let p = pull_oci(&a, &r)?;
+            a.tar = p
+                .layers
+                .iter()
+                .map(|l| l.clone().into_os_string())
+                .collect();
+            Some(p)
+        }
+        None => None,
+    };
     if opts.worker_threads() > 2 {
         // Two arenas for all threads: each arena keeps what was freed in it, and with
         // one per thread their high-water marks added up past --memory-limit (linux
@@ -685,6 +769,7 @@ pub fn run(a: BuildArgs) -> Result<()> {
     });
     let (source, image) = match (a.tar.is_empty(), a.paths.as_slice()) {
         (true, [s, i]) => (s.display().to_string(), i.clone()),
+        (false, [i]) if a.oci.is_some() => (a.oci.clone().unwrap_or_default(), i.clone()),
         (false, [i]) => {
             let names: Vec<String> = a
                 .tar

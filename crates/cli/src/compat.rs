@@ -52,6 +52,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
     let mut out: Vec<OsString> = Vec::new();
     let mut pos: Vec<OsString> = Vec::new();
     let mut tar: Option<char> = None;
+    let mut oci: Option<Vec<OsString>> = None;
     let mut compress = false;
     let mut sort_none = false;
     let mut pcluster: Option<String> = None;
@@ -172,6 +173,11 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                         ),
                     });
                 }
+                // An image from an OCI registry, SOURCE its reference: `--oci[=f|i]`
+                // then `,platform=X`, `,layer=N`, `,blob=D`, `,username=U`,
+                // `,password=P`, `,insecure` (mkfs.erofs 1.9.3's spelling; its
+                // platform default is linux/amd64).
+                "oci" => oci = Some(oci_options(inline.as_deref().unwrap_or(""))?),
                 // An optional value, given with `=` only (getopt's optional argument).
                 "xattr-inode-digest" => out.push(match &inline {
                     Some(v) => format!("--xattr-inode-digest={v}").into(),
@@ -367,6 +373,19 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
         bail!("mkfs.erofs: missing IMAGE (usage: mkfs.erofs [OPTIONS] IMAGE SOURCE)");
     };
     let sources = &pos[1..];
+    if let Some(o) = oci {
+        if tar.is_some() {
+            bail!("mkfs.erofs: --oci and --tar cannot be given together");
+        }
+        let [src] = sources else {
+            bail!("mkfs.erofs: --oci: expected IMAGE SOURCE (SOURCE: the image reference)");
+        };
+        out.push("--oci".into());
+        out.push(src.clone());
+        out.extend(o);
+        out.push(image);
+        return Ok(out);
+    }
     match tar {
         Some(mode) => {
             if mode == 'i' {
@@ -390,6 +409,34 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
     Ok(out)
 }
 
+/// `ferofs build` options for mkfs.erofs's `--oci=` value.
+fn oci_options(v: &str) -> Result<Vec<OsString>> {
+    let mut out: Vec<OsString> = Vec::new();
+    let mut platform = "linux/amd64".to_string();
+    for (i, o) in v.split(',').enumerate() {
+        let (k, val) = match o.split_once('=') {
+            Some((k, val)) => (k, Some(val)),
+            None => (o, None),
+        };
+        match (k, val) {
+            ("f", None) if i == 0 => {}
+            ("i", None) if i == 0 => bail!(
+                "mkfs.erofs: --oci=i (an index of the layers' tars) is not implemented by ferofs (--oci=f is)"
+            ),
+            ("", None) => {}
+            ("platform", Some(p)) => platform = p.to_string(),
+            ("layer", Some(n)) => out.extend(["--oci-layer".into(), n.into()]),
+            ("blob", Some(d)) => out.extend(["--oci-blob".into(), d.into()]),
+            ("username", Some(u)) => out.extend(["--oci-username".into(), u.into()]),
+            ("password", Some(p)) => out.extend(["--oci-password".into(), p.into()]),
+            ("insecure", None) => out.push("--oci-insecure".into()),
+            _ => bail!("mkfs.erofs: --oci: option {o:?} is not implemented by ferofs"),
+        }
+    }
+    out.extend(["--oci-platform".into(), platform.into()]);
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -400,6 +447,55 @@ mod tests {
             .into_iter()
             .map(|s| s.to_string_lossy().into_owned())
             .collect())
+    }
+
+    #[test]
+    fn oci_command_lines() {
+        assert_eq!(
+            t(&["-zlz4hc", "--oci", "app.erofs", "debian:stable"]).expect("--oci"),
+            [
+                "-z",
+                "lz4hc",
+                "--oci",
+                "debian:stable",
+                "--oci-platform",
+                "linux/amd64",
+                "app.erofs"
+            ]
+        );
+        assert_eq!(
+            t(&[
+                "--oci=f,platform=linux/arm64,layer=2,username=u,password=p,insecure",
+                "a.erofs",
+                "localhost:5000/x:1"
+            ])
+            .expect("--oci=f,..."),
+            [
+                "-z",
+                "none",
+                "--oci",
+                "localhost:5000/x:1",
+                "--oci-layer",
+                "2",
+                "--oci-username",
+                "u",
+                "--oci-password",
+                "p",
+                "--oci-insecure",
+                "--oci-platform",
+                "linux/arm64",
+                "a.erofs"
+            ]
+        );
+        for (bad, name) in [
+            (&["--oci=i", "a", "r"][..], "--oci=i"),
+            (&["--oci=f,bogus", "a", "r"][..], "bogus"),
+            (&["--oci", "a"][..], "SOURCE"),
+            (&["--oci", "--tar=f", "a", "r"][..], "--tar"),
+        ] {
+            let e = t(bad).expect_err("must fail").to_string();
+            assert!(e.contains(name), "{bad:?}: {e}");
+        }
     }
 
     #[test]

@@ -28,6 +28,7 @@
 #![forbid(unsafe_code)]
 
 mod disk;
+pub mod oci;
 mod verity;
 
 use bytes::Bytes;

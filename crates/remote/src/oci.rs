@@ -1,0 +1,717 @@
+//! Pull an image's layers from an OCI registry (the distribution API, v2): resolve
+//! `[REGISTRY/]NAME[:TAG|@DIGEST]` to a manifest (through an index or a Docker manifest
+//! list for the platform asked for), then fetch each layer blob into a file, checking
+//! its size and SHA-256 digest as it arrives. The layers are then built as a tar stack
+//! (`ferofs build --oci`, mkfs.erofs's `--oci`).
+//!
+//! Registries ask for a token first (Docker Hub even for public images): a 401 with
+//! `WWW-Authenticate: Bearer realm=...,service=...,scope=...` is answered by asking the
+//! realm for a token (with the user name and password, when given) and retrying; a
+//! `Basic` challenge takes the user name and password directly. Redirects (blobs on a
+//! CDN) are followed; the client drops the credentials when a redirect leaves the host.
+//!
+//! Bounds: manifests, indexes and token answers at most [`MAX_JSON`] bytes; a blob
+//! exactly the size its descriptor gives; at most [`MAX_LAYERS`] layers.
+
+use futures::StreamExt;
+use sha2::{Digest, Sha256};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Largest manifest, index or token answer read.
+pub const MAX_JSON: usize = 4 << 20;
+/// Most layers one image may have (Docker's limit is 127).
+pub const MAX_LAYERS: usize = 1024;
+/// Layer downloads at once.
+const PARALLEL: usize = 3;
+
+const INDEX_TYPES: [&str; 2] = [
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+];
+const MANIFEST_TYPES: [&str; 2] = [
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+];
+
+/// What to pull and how.
+#[derive(Debug, Clone)]
+pub struct OciOptions {
+    /// `OS/ARCH[/VARIANT]`, e.g. `linux/amd64`, `linux/arm64/v8`.
+    pub platform: String,
+    /// Only this layer (0-based, in the manifest's order).
+    pub layer: Option<usize>,
+    /// Only the layer with this digest (`sha256:HEX` or `HEX`).
+    pub blob: Option<String>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// Plain HTTP instead of HTTPS.
+    pub insecure: bool,
+    /// Time limit of one request (a blob: of each chunk of it).
+    pub timeout: Duration,
+}
+
+impl Default for OciOptions {
+    fn default() -> Self {
+        OciOptions {
+            platform: host_platform(),
+            layer: None,
+            blob: None,
+            username: None,
+            password: None,
+            insecure: false,
+            timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// This machine's platform in OCI's names (`linux/amd64`, `linux/arm64`, ...).
+pub fn host_platform() -> String {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        "powerpc64" => "ppc64le",
+        "loongarch64" => "loong64",
+        a => a,
+    };
+    format!("linux/{arch}")
+}
+
+/// A pulled image: its layers, in order, as files in a temporary directory (removed
+/// when this is dropped).
+#[derive(Debug)]
+pub struct Pulled {
+    pub layers: Vec<PathBuf>,
+    /// Digest of the manifest the layers come from.
+    pub manifest_digest: String,
+    /// Bytes fetched (the layers, compressed as the registry stores them).
+    pub bytes: u64,
+    _dir: tempfile::TempDir,
+}
+
+/// An image reference, split.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageRef {
+    /// Host (and port) the API is asked at.
+    pub host: String,
+    /// Repository name, e.g. `library/alpine`.
+    pub name: String,
+    /// Tag or `sha256:` digest.
+    pub reference: String,
+}
+
+fn bad(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
+}
+
+fn fail(msg: String) -> io::Error {
+    io::Error::other(msg)
+}
+
+fn is_digest(s: &str) -> bool {
+    s.strip_prefix("sha256:")
+        .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// Parse `[REGISTRY/]NAME[:TAG][@DIGEST]` as Docker does: the first component names a
+/// registry when it has a `.` or a `:` or is `localhost`; otherwise the image is on
+/// Docker Hub (`library/` added to a one-component name); the tag defaults to `latest`.
+pub fn parse_ref(s: &str) -> io::Result<ImageRef> {
+    let s = s.strip_prefix("docker://").unwrap_or(s);
+    let (rest, digest) = match s.split_once('@') {
+        Some((r, d)) => {
+            if !is_digest(d) {
+                return Err(bad(format!(
+                    "{s}: digest {d:?} is not sha256:<64 hex digits>"
+                )));
+            }
+            (r, Some(d.to_ascii_lowercase()))
+        }
+        None => (s, None),
+    };
+    let (host, path) = match rest.split_once('/') {
+        Some((first, p)) if first.contains('.') || first.contains(':') || first == "localhost" => {
+            (first.to_string(), p)
+        }
+        _ => ("docker.io".to_string(), rest),
+    };
+    let (path, tag) = match path.rsplit_once(':') {
+        Some((p, t)) => (p, Some(t)),
+        None => (path, None),
+    };
+    if path.is_empty()
+        || path.len() > 255
+        || !path
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-/".contains(&b))
+        || path.split('/').any(str::is_empty)
+    {
+        return Err(bad(format!("{s}: {path:?} is not a repository name")));
+    }
+    if let Some(t) = tag {
+        if t.is_empty()
+            || t.len() > 128
+            || !t
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+        {
+            return Err(bad(format!("{s}: {t:?} is not a tag")));
+        }
+    }
+    let (host, name) = if host == "docker.io" || host == "index.docker.io" {
+        let name = if path.contains('/') {
+            path.to_string()
+        } else {
+            format!("library/{path}")
+        };
+        ("registry-1.docker.io".to_string(), name)
+    } else {
+        (host, path.to_string())
+    };
+    let reference = match (digest, tag) {
+        (Some(d), _) => d,
+        (None, Some(t)) => t.to_string(),
+        (None, None) => "latest".to_string(),
+    };
+    Ok(ImageRef {
+        host,
+        name,
+        reference,
+    })
+}
+
+/// The `key="value"` parameters of a `WWW-Authenticate` challenge, after its scheme.
+fn challenge_params(s: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = s.trim();
+    // Bounded: each turn consumes at least one character.
+    while !rest.is_empty() {
+        let Some(eq) = rest.find('=') else { break };
+        let key = rest[..eq]
+            .trim()
+            .trim_start_matches(',')
+            .trim()
+            .to_ascii_lowercase();
+        rest = &rest[eq + 1..];
+        let value;
+        if let Some(q) = rest.strip_prefix('"') {
+            let end = q.find('"').unwrap_or(q.len());
+            value = q[..end].to_string();
+            rest = q.get(end + 1..).unwrap_or("");
+        } else {
+            let end = rest.find(',').unwrap_or(rest.len());
+            value = rest[..end].trim().to_string();
+            rest = &rest[end..];
+        }
+        rest = rest.trim_start().trim_start_matches(',');
+        out.push((key, value));
+    }
+    out
+}
+
+struct Client {
+    http: reqwest::Client,
+    base: String,
+    r: ImageRef,
+    o: OciOptions,
+    /// Bearer token, or Basic (the options' credentials) once asked for.
+    token: Option<String>,
+    basic: bool,
+}
+
+impl Client {
+    fn url(&self, kind: &str, what: &str) -> String {
+        format!("{}/v2/{}/{kind}/{what}", self.base, self.r.name)
+    }
+
+    fn creds(&self) -> Option<(&str, Option<&str>)> {
+        self.o
+            .username
+            .as_deref()
+            .map(|u| (u, self.o.password.as_deref()))
+    }
+
+    async fn send(&self, url: &str, accept: &str) -> io::Result<reqwest::Response> {
+        let mut req = self.http.get(url).timeout(self.o.timeout);
+        if !accept.is_empty() {
+            req = req.header(reqwest::header::ACCEPT, accept);
+        }
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        } else if let (true, Some((u, p))) = (self.basic, self.creds()) {
+            req = req.basic_auth(u, p);
+        }
+        req.send()
+            .await
+            .map_err(|e| fail(format!("GET {url}: {}", error_chain(&e))))
+    }
+
+    /// GET `url`, answering one authentication challenge.
+    async fn get(&mut self, url: &str, accept: &str) -> io::Result<reqwest::Response> {
+        let mut resp = self.send(url, accept).await?;
+        if resp.status() == reqwest::StatusCode::UNAUTHORIZED && self.token.is_none() && !self.basic
+        {
+            let challenge = resp
+                .headers()
+                .get(reqwest::header::WWW_AUTHENTICATE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            self.authenticate(&challenge).await?;
+            resp = self.send(url, accept).await?;
+        }
+        let st = resp.status();
+        if !st.is_success() {
+            let hint = match st.as_u16() {
+                401 | 403 => " (credentials: --oci-username / --oci-password)",
+                404 => " (no such image, tag or blob)",
+                _ => "",
+            };
+            return Err(fail(format!("GET {url}: {st}{hint}")));
+        }
+        Ok(resp)
+    }
+
+    async fn authenticate(&mut self, challenge: &str) -> io::Result<()> {
+        let (scheme, params) = challenge.split_once(' ').unwrap_or((challenge, ""));
+        if scheme.eq_ignore_ascii_case("basic") {
+            if self.creds().is_none() {
+                return Err(fail(format!(
+                    "{}: the registry asks for a user name and password (--oci-username, --oci-password)",
+                    self.r.host
+                )));
+            }
+            self.basic = true;
+            return Ok(());
+        }
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            return Err(fail(format!(
+                "{}: unsupported authentication challenge {challenge:?}",
+                self.r.host
+            )));
+        }
+        let p = challenge_params(params);
+        let get = |k: &str| p.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        let realm = get("realm")
+            .ok_or_else(|| fail(format!("{}: Bearer challenge without a realm", self.r.host)))?;
+        let scope = get("scope")
+            .map(String::from)
+            .unwrap_or_else(|| format!("repository:{}:pull", self.r.name));
+        let mut q: Vec<(&str, &str)> = vec![("scope", &scope)];
+        if let Some(s) = get("service") {
+            q.push(("service", s));
+        }
+        let token_url = url::Url::parse_with_params(realm, &q)
+            .map_err(|e| fail(format!("{}: token realm {realm:?}: {e}", self.r.host)))?;
+        let mut req = self.http.get(token_url).timeout(self.o.timeout);
+        if let Some((u, pw)) = self.creds() {
+            req = req.basic_auth(u, pw);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| fail(format!("token from {realm}: {}", error_chain(&e))))?;
+        let st = resp.status();
+        if !st.is_success() {
+            return Err(fail(format!(
+                "token from {realm}: {st} (credentials: --oci-username / --oci-password)"
+            )));
+        }
+        let body = read_limited(resp, MAX_JSON, realm).await?;
+        let v: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| fail(format!("token from {realm}: not JSON: {e}")))?;
+        let token = v
+            .get("token")
+            .or_else(|| v.get("access_token"))
+            .and_then(|t| t.as_str())
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| fail(format!("token from {realm}: no token in the answer")))?;
+        self.token = Some(token.to_string());
+        Ok(())
+    }
+
+    /// A manifest or index by tag or digest: (media type, body, digest).
+    async fn manifest(&mut self, reference: &str) -> io::Result<(String, Vec<u8>, String)> {
+        let url = self.url("manifests", reference);
+        let accept = [INDEX_TYPES, MANIFEST_TYPES].concat().join(", ");
+        let resp = self.get(&url, &accept).await?;
+        let ctype = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        let body = read_limited(resp, MAX_JSON, &url).await?;
+        let digest = format!("sha256:{}", hex(&Sha256::digest(&body)));
+        if is_digest(reference) && digest != reference {
+            return Err(fail(format!(
+                "{url}: the manifest's digest is {digest}, not the one asked for"
+            )));
+        }
+        Ok((ctype, body, digest))
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    // Bounded by the error chain's length (a handful).
+    for _ in 0..8 {
+        let Some(c) = src else { break };
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+async fn read_limited(mut resp: reqwest::Response, max: usize, what: &str) -> io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    // Bounded: the body is read up to `max` bytes.
+    while let Some(c) = resp
+        .chunk()
+        .await
+        .map_err(|e| fail(format!("{what}: {}", error_chain(&e))))?
+    {
+        if out.len() + c.len() > max {
+            return Err(fail(format!("{what}: answer larger than {max} bytes")));
+        }
+        out.extend_from_slice(&c);
+    }
+    Ok(out)
+}
+
+#[derive(Debug, Clone)]
+struct Layer {
+    digest: String,
+    size: u64,
+}
+
+fn json(body: &[u8], what: &str) -> io::Result<serde_json::Value> {
+    serde_json::from_slice(body).map_err(|e| fail(format!("{what}: not JSON: {e}")))
+}
+
+/// The platform entry of an index matching `want` (`os/arch[/variant]`).
+fn pick_platform(index: &serde_json::Value, want: &str, what: &str) -> io::Result<String> {
+    let mut w = want.split('/');
+    let (os, arch, variant) = (w.next().unwrap_or(""), w.next().unwrap_or(""), w.next());
+    let list = index
+        .get("manifests")
+        .and_then(|m| m.as_array())
+        .ok_or_else(|| fail(format!("{what}: index without manifests")))?;
+    let mut seen = Vec::new();
+    for m in list.iter().take(MAX_LAYERS) {
+        let p = m.get("platform");
+        let field = |k: &str| {
+            p.and_then(|p| p.get(k))
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+        };
+        let (mos, march, mvar) = (field("os"), field("architecture"), field("variant"));
+        if mos.is_empty() || mos == "unknown" {
+            continue; // attestations and other non-images
+        }
+        seen.push(if mvar.is_empty() {
+            format!("{mos}/{march}")
+        } else {
+            format!("{mos}/{march}/{mvar}")
+        });
+        let var_ok = match variant {
+            None => true,
+            Some(v) => v == mvar || (mvar.is_empty() && march == "arm64" && v == "v8"),
+        };
+        if mos == os && march == arch && var_ok {
+            let d = m.get("digest").and_then(|d| d.as_str()).unwrap_or("");
+            if !is_digest(d) {
+                return Err(fail(format!("{what}: entry for {want} has digest {d:?}")));
+            }
+            return Ok(d.to_string());
+        }
+    }
+    Err(fail(format!(
+        "{what}: no image for platform {want} (the index has: {})",
+        if seen.is_empty() {
+            "none".to_string()
+        } else {
+            seen.join(", ")
+        }
+    )))
+}
+
+fn layers_of(manifest: &serde_json::Value, what: &str) -> io::Result<Vec<Layer>> {
+    let list = manifest
+        .get("layers")
+        .and_then(|l| l.as_array())
+        .ok_or_else(|| fail(format!("{what}: manifest without layers")))?;
+    if list.len() > MAX_LAYERS {
+        return Err(fail(format!(
+            "{what}: {} layers (at most {MAX_LAYERS})",
+            list.len()
+        )));
+    }
+    list.iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let digest = l.get("digest").and_then(|d| d.as_str()).unwrap_or("");
+            let size = l.get("size").and_then(|s| s.as_u64());
+            let mt = l.get("mediaType").and_then(|m| m.as_str()).unwrap_or("");
+            if !is_digest(digest) {
+                return Err(fail(format!("{what}: layer {i} has digest {digest:?}")));
+            }
+            if !mt.is_empty() && !mt.contains("tar") {
+                return Err(fail(format!("{what}: layer {i} is {mt}, not a tar")));
+            }
+            let size = size.ok_or_else(|| fail(format!("{what}: layer {i} has no size")))?;
+            Ok(Layer {
+                digest: digest.to_ascii_lowercase(),
+                size,
+            })
+        })
+        .collect()
+}
+
+/// Fetch one blob into `path`: exactly `l.size` bytes whose SHA-256 is `l.digest`.
+async fn fetch_blob(http: reqwest::Response, l: &Layer, path: &Path, url: &str) -> io::Result<u64> {
+    let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+    let mut h = Sha256::new();
+    let mut got = 0u64;
+    let mut s = http.bytes_stream();
+    // Bounded: the stream is cut off once it passes the descriptor's size.
+    while let Some(c) = s.next().await {
+        let c = c.map_err(|e| fail(format!("{url}: {}", error_chain(&e))))?;
+        got = got.saturating_add(c.len() as u64);
+        if got > l.size {
+            return Err(fail(format!(
+                "{url}: more than the {} bytes the manifest gives",
+                l.size
+            )));
+        }
+        h.update(&c);
+        f.write_all(&c)?;
+    }
+    if got != l.size {
+        return Err(fail(format!(
+            "{url}: {got} bytes, the manifest gives {}",
+            l.size
+        )));
+    }
+    let d = format!("sha256:{}", hex(&h.finalize()));
+    if d != l.digest {
+        return Err(fail(format!(
+            "{url}: content digest {d}, expected {}",
+            l.digest
+        )));
+    }
+    f.flush()?;
+    Ok(got)
+}
+
+/// Pull `reference`'s layers (those `o` selects) into a temporary directory under `tmp`.
+pub fn pull(reference: &str, o: &OciOptions, tmp: &Path) -> io::Result<Pulled> {
+    let r = parse_ref(reference)?;
+    if let Some(b) = &o.blob {
+        let full = if b.starts_with("sha256:") {
+            b.clone()
+        } else {
+            format!("sha256:{b}")
+        };
+        if !is_digest(&full) {
+            return Err(bad(format!("blob {b:?} is not a sha256 digest")));
+        }
+        if o.layer.is_some() {
+            return Err(bad(
+                "a layer index and a blob digest cannot be given together".into(),
+            ));
+        }
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("ferofs-oci")
+        .enable_all()
+        .build()?;
+    let http = reqwest::Client::builder()
+        .user_agent(concat!("ferofs/", env!("CARGO_PKG_VERSION")))
+        .connect_timeout(o.timeout)
+        .build()
+        .map_err(|e| fail(format!("HTTP client: {}", error_chain(&e))))?;
+    let scheme = if o.insecure { "http" } else { "https" };
+    let mut c = Client {
+        http,
+        base: format!("{scheme}://{}", r.host),
+        r: r.clone(),
+        o: o.clone(),
+        token: None,
+        basic: false,
+    };
+    rt.block_on(async move {
+        let what = format!("{}/{}:{}", r.host, r.name, r.reference);
+        let (mut ctype, mut body, mut digest) = c.manifest(&r.reference).await?;
+        let mut v = json(&body, &what)?;
+        let is_index = |ct: &str, v: &serde_json::Value| {
+            INDEX_TYPES.contains(&ct)
+                || v.get("mediaType")
+                    .and_then(|m| m.as_str())
+                    .is_some_and(|m| INDEX_TYPES.contains(&m))
+                || (v.get("manifests").is_some() && v.get("layers").is_none())
+        };
+        if is_index(&ctype, &v) {
+            let d = pick_platform(&v, &o.platform, &what)?;
+            (ctype, body, digest) = c.manifest(&d).await?;
+            v = json(&body, &what)?;
+            if is_index(&ctype, &v) {
+                return Err(fail(format!("{what}: an index inside an index")));
+            }
+        }
+        let mut layers = layers_of(&v, &what)?;
+        if let Some(i) = o.layer {
+            let n = layers.len();
+            let l = layers
+                .get(i)
+                .cloned()
+                .ok_or_else(|| bad(format!("{what}: layer {i} asked for, the image has {n}")))?;
+            layers = vec![l];
+        }
+        if let Some(b) = &o.blob {
+            let full = if b.starts_with("sha256:") {
+                b.to_ascii_lowercase()
+            } else {
+                format!("sha256:{}", b.to_ascii_lowercase())
+            };
+            let l = layers
+                .iter()
+                .find(|l| l.digest == full)
+                .cloned()
+                .ok_or_else(|| bad(format!("{what}: no layer {full}")))?;
+            layers = vec![l];
+        }
+        let dir = tempfile::Builder::new()
+            .prefix(".ferofs-oci-")
+            .tempdir_in(tmp)?;
+        let paths: Vec<PathBuf> = (0..layers.len())
+            .map(|i| dir.path().join(format!("layer-{i:04}")))
+            .collect();
+        // One token for all (the first GET asked for it); fetches share the client.
+        let c = &c;
+        let jobs = layers.iter().zip(&paths).map(|(l, p)| async move {
+            let url = c.url("blobs", &l.digest);
+            let resp = c.send(&url, "").await?;
+            let st = resp.status();
+            if !st.is_success() {
+                return Err(fail(format!("GET {url}: {st}")));
+            }
+            fetch_blob(resp, l, p, &url).await
+        });
+        let got: Vec<io::Result<u64>> = futures::stream::iter(jobs)
+            .buffered(PARALLEL)
+            .collect()
+            .await;
+        let mut bytes = 0u64;
+        for g in got {
+            bytes = bytes.saturating_add(g?);
+        }
+        Ok(Pulled {
+            layers: paths,
+            manifest_digest: digest,
+            bytes,
+            _dir: dir,
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references() {
+        let r = |s: &str| parse_ref(s).map(|r| (r.host, r.name, r.reference));
+        let s = |a: &str, b: &str, c: &str| Some((a.to_string(), b.to_string(), c.to_string()));
+        assert_eq!(
+            r("alpine").ok(),
+            s("registry-1.docker.io", "library/alpine", "latest")
+        );
+        assert_eq!(
+            r("docker.io/library/debian:stable").ok(),
+            s("registry-1.docker.io", "library/debian", "stable")
+        );
+        assert_eq!(
+            r("user/app:1.0").ok(),
+            s("registry-1.docker.io", "user/app", "1.0")
+        );
+        assert_eq!(
+            r("localhost:5000/a/b:v1").ok(),
+            s("localhost:5000", "a/b", "v1")
+        );
+        assert_eq!(r("ghcr.io/o/p").ok(), s("ghcr.io", "o/p", "latest"));
+        let d = format!("sha256:{}", "ab".repeat(32));
+        assert_eq!(
+            r(&format!("quay.io/x/y:tag@{d}")).ok(),
+            s("quay.io", "x/y", &d)
+        );
+        for bad in [
+            "",
+            "UPPER/case",
+            "a//b",
+            "x@sha256:12",
+            "x:bad tag",
+            "host.io/",
+        ] {
+            assert!(parse_ref(bad).is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn challenges() {
+        let p = challenge_params(
+            r#"realm="https://auth.docker.io/token",service="registry.docker.io",scope="repository:a/b:pull,push""#,
+        );
+        assert_eq!(
+            p,
+            [
+                (
+                    "realm".to_string(),
+                    "https://auth.docker.io/token".to_string()
+                ),
+                ("service".to_string(), "registry.docker.io".to_string()),
+                ("scope".to_string(), "repository:a/b:pull,push".to_string()),
+            ]
+        );
+        assert_eq!(challenge_params("realm=x, error=y").len(), 2);
+        assert!(challenge_params("").is_empty());
+        assert_eq!(challenge_params("broken=\"unterminated").len(), 1);
+    }
+
+    #[test]
+    fn platforms() {
+        let idx: serde_json::Value = serde_json::from_str(&format!(
+            r#"{{"manifests":[
+              {{"digest":"sha256:{a}","platform":{{"os":"linux","architecture":"amd64"}}}},
+              {{"digest":"sha256:{b}","platform":{{"os":"linux","architecture":"arm","variant":"v7"}}}},
+              {{"digest":"sha256:{c}","platform":{{"os":"unknown","architecture":"unknown"}}}}]}}"#,
+            a = "a".repeat(64),
+            b = "b".repeat(64),
+            c = "c".repeat(64)
+        ))
+        .expect("json");
+        assert_eq!(
+            pick_platform(&idx, "linux/amd64", "t").ok(),
+            Some(format!("sha256:{}", "a".repeat(64)))
+        );
+        assert_eq!(
+            pick_platform(&idx, "linux/arm/v7", "t").ok(),
+            Some(format!("sha256:{}", "b".repeat(64)))
+        );
+        let e = pick_platform(&idx, "linux/s390x", "t").expect_err("no s390x");
+        assert!(e.to_string().contains("linux/amd64, linux/arm/v7"), "{e}");
+    }
+}

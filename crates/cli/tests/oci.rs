@@ -286,6 +286,7 @@ fn oci_pull_builds_what_the_tar_stack_builds() {
     assert!(leftovers(&out).is_empty(), "{:?}", leftovers(&out));
 
     // mkfs.erofs's command line: `--oci[=f][,platform=...]` and the reference as SOURCE.
+    // Its first two blob requests fail with 503: the downloads are tried again.
     let good = Registry::start(
         d.path(),
         "v3",
@@ -294,6 +295,8 @@ fn oci_pull_builds_what_the_tar_stack_builds() {
             &format!("linux/amd64={s1}"),
             "--layer",
             &format!("linux/amd64={s2}"),
+            "--flaky",
+            "2",
         ],
     );
     let img = out.join("mkfs.erofs");

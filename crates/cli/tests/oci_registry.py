@@ -3,7 +3,7 @@
 
 usage: oci_registry.py --info FILE --name NAME --tag TAG
                        [--layer PLATFORM=FILE ...] [--auth USER:PASS] [--redirect]
-                       [--corrupt-blob]
+                       [--corrupt-blob] [--flaky N]
 
 Serves an image index for TAG with one manifest per PLATFORM (os/arch) whose layers are
 the FILEs given for it, in order (media type from the name: .gz tar+gzip, .zst
@@ -11,7 +11,7 @@ tar+zstd, else tar), plus an attestation-like entry (platform unknown/unknown). 
 --auth, every /v2/ request needs a bearer token, which /token hands out for the HTTP
 Basic credentials USER:PASS (Docker Hub's flow). With --redirect, blobs answer 307 to
 /cdn/DIGEST (served without auth). With --corrupt-blob, the first byte of every layer
-is flipped as it is served. Binds 127.0.0.1 on a free port, then writes FILE (JSON:
+is flipped as it is served. With --flaky N, the first N blob requests answer 503. Binds 127.0.0.1 on a free port, then writes FILE (JSON:
 port, manifest digests by platform, layer digests).
 """
 import argparse
@@ -21,6 +21,7 @@ import json
 import os
 import secrets
 import sys
+import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 p = argparse.ArgumentParser()
@@ -31,6 +32,7 @@ p.add_argument("--layer", action="append", default=[])
 p.add_argument("--auth")
 p.add_argument("--redirect", action="store_true")
 p.add_argument("--corrupt-blob", action="store_true")
+p.add_argument("--flaky", type=int, default=0)
 args = p.parse_args()
 
 blobs = {}  # digest -> (media type, bytes)
@@ -93,6 +95,8 @@ imt = "application/vnd.oci.image.index.v1+json"
 index_digest = put(imt, index)
 tags = {args.tag: index_digest}
 token = secrets.token_hex(16)
+flaky = {"left": args.flaky}
+flaky_lock = threading.Lock()
 
 
 class H(BaseHTTPRequestHandler):
@@ -149,6 +153,11 @@ class H(BaseHTTPRequestHandler):
         if kind == "blobs":
             if ref not in blobs:
                 return self.send(404)
+            with flaky_lock:
+                busy = flaky["left"] > 0
+                flaky["left"] -= busy
+            if busy:
+                return self.send(503, b"busy")
             if args.redirect:
                 return self.send(307, b"", [("Location", f"/cdn/{ref}")])
             return self.blob(ref)

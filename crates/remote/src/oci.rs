@@ -25,6 +25,8 @@ pub const MAX_JSON: usize = 4 << 20;
 pub const MAX_LAYERS: usize = 1024;
 /// Layer downloads at once.
 const PARALLEL: usize = 3;
+/// Tries of one blob download.
+const TRIES: u32 = 3;
 
 const INDEX_TYPES: [&str; 2] = [
     "application/vnd.oci.image.index.v1+json",
@@ -48,7 +50,8 @@ pub struct OciOptions {
     pub password: Option<String>,
     /// Plain HTTP instead of HTTPS.
     pub insecure: bool,
-    /// Time limit of one request (a blob: of each chunk of it).
+    /// Time limit of a manifest or token request as a whole, and of each read of a
+    /// blob (a layer of gigabytes may take longer than this in all).
     pub timeout: Duration,
 }
 
@@ -233,10 +236,14 @@ impl Client {
             .map(|u| (u, self.o.password.as_deref()))
     }
 
+    /// GET `url`; a manifest or token (`accept` given) within the time limit as a
+    /// whole, a blob (`accept` empty) with the limit between its reads.
     async fn send(&self, url: &str, accept: &str) -> io::Result<reqwest::Response> {
-        let mut req = self.http.get(url).timeout(self.o.timeout);
+        let mut req = self.http.get(url);
         if !accept.is_empty() {
-            req = req.header(reqwest::header::ACCEPT, accept);
+            req = req
+                .header(reqwest::header::ACCEPT, accept)
+                .timeout(self.o.timeout);
         }
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
@@ -481,39 +488,76 @@ fn layers_of(manifest: &serde_json::Value, what: &str) -> io::Result<Vec<Layer>>
 }
 
 /// Fetch one blob into `path`: exactly `l.size` bytes whose SHA-256 is `l.digest`.
-async fn fetch_blob(http: reqwest::Response, l: &Layer, path: &Path, url: &str) -> io::Result<u64> {
-    let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+/// A failed blob fetch: worth another try (the connection, the server's 5xx or 429,
+/// a body cut short) or not (a wrong status, size or digest; the local file).
+enum Fetch {
+    Again(io::Error),
+    Stop(io::Error),
+}
+
+/// Fetch one blob into `path`: exactly `l.size` bytes whose SHA-256 is `l.digest`.
+async fn fetch_blob(c: &Client, l: &Layer, path: &Path) -> Result<u64, Fetch> {
+    let url = c.url("blobs", &l.digest);
+    let resp = c.send(&url, "").await.map_err(Fetch::Again)?;
+    let st = resp.status();
+    if st.is_server_error() || st == reqwest::StatusCode::TOO_MANY_REQUESTS {
+        return Err(Fetch::Again(fail(format!("GET {url}: {st}"))));
+    }
+    if !st.is_success() {
+        return Err(Fetch::Stop(fail(format!("GET {url}: {st}"))));
+    }
+    let file = std::fs::File::create(path).map_err(Fetch::Stop)?;
+    let mut f = std::io::BufWriter::with_capacity(1 << 20, file);
     let mut h = Sha256::new();
     let mut got = 0u64;
-    let mut s = http.bytes_stream();
+    let mut s = resp.bytes_stream();
     // Bounded: the stream is cut off once it passes the descriptor's size.
-    while let Some(c) = s.next().await {
-        let c = c.map_err(|e| fail(format!("{url}: {}", error_chain(&e))))?;
-        got = got.saturating_add(c.len() as u64);
+    while let Some(chunk) = s.next().await {
+        let chunk = chunk.map_err(|e| Fetch::Again(fail(format!("{url}: {}", error_chain(&e)))))?;
+        got = got.saturating_add(chunk.len() as u64);
         if got > l.size {
-            return Err(fail(format!(
+            return Err(Fetch::Stop(fail(format!(
                 "{url}: more than the {} bytes the manifest gives",
                 l.size
-            )));
+            ))));
         }
-        h.update(&c);
-        f.write_all(&c)?;
+        h.update(&chunk);
+        f.write_all(&chunk).map_err(Fetch::Stop)?;
     }
     if got != l.size {
-        return Err(fail(format!(
+        return Err(Fetch::Again(fail(format!(
             "{url}: {got} bytes, the manifest gives {}",
             l.size
-        )));
+        ))));
     }
     let d = format!("sha256:{}", hex(&h.finalize()));
     if d != l.digest {
-        return Err(fail(format!(
+        return Err(Fetch::Stop(fail(format!(
             "{url}: content digest {d}, expected {}",
             l.digest
-        )));
+        ))));
     }
-    f.flush()?;
+    f.flush().map_err(Fetch::Stop)?;
     Ok(got)
+}
+
+/// [`fetch_blob`], tried up to [`TRIES`] times (1 s, then 2 s apart) while it fails in
+/// a way another try may mend.
+async fn fetch_blob_retried(c: &Client, l: &Layer, path: &Path) -> io::Result<u64> {
+    let mut wait = Duration::from_secs(1);
+    // Bounded: TRIES turns.
+    for t in 1..=TRIES {
+        match fetch_blob(c, l, path).await {
+            Ok(n) => return Ok(n),
+            Err(Fetch::Stop(e)) => return Err(e),
+            Err(Fetch::Again(e)) if t == TRIES => return Err(e),
+            Err(Fetch::Again(_)) => {
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+            }
+        }
+    }
+    Err(fail(format!("{}: no try left", l.digest)))
 }
 
 /// Pull `reference`'s layers (those `o` selects) into a temporary directory under `tmp`.
@@ -542,6 +586,7 @@ pub fn pull(reference: &str, o: &OciOptions, tmp: &Path) -> io::Result<Pulled> {
     let http = reqwest::Client::builder()
         .user_agent(concat!("ferofs/", env!("CARGO_PKG_VERSION")))
         .connect_timeout(o.timeout)
+        .read_timeout(o.timeout)
         .build()
         .map_err(|e| fail(format!("HTTP client: {}", error_chain(&e))))?;
     let scheme = if o.insecure { "http" } else { "https" };
@@ -602,15 +647,10 @@ pub fn pull(reference: &str, o: &OciOptions, tmp: &Path) -> io::Result<Pulled> {
             .collect();
         // One token for all (the first GET asked for it); fetches share the client.
         let c = &c;
-        let jobs = layers.iter().zip(&paths).map(|(l, p)| async move {
-            let url = c.url("blobs", &l.digest);
-            let resp = c.send(&url, "").await?;
-            let st = resp.status();
-            if !st.is_success() {
-                return Err(fail(format!("GET {url}: {st}")));
-            }
-            fetch_blob(resp, l, p, &url).await
-        });
+        let jobs = layers
+            .iter()
+            .zip(&paths)
+            .map(|(l, p)| fetch_blob_retried(c, l, p));
         let got: Vec<io::Result<u64>> = futures::stream::iter(jobs)
             .buffered(PARALLEL)
             .collect()

@@ -563,20 +563,26 @@ async fn fetch_blob_retried(c: &Client, l: &Layer, path: &Path) -> io::Result<u6
 /// Pull `reference`'s layers (those `o` selects) into a temporary directory under `tmp`.
 pub fn pull(reference: &str, o: &OciOptions, tmp: &Path) -> io::Result<Pulled> {
     let r = parse_ref(reference)?;
-    if let Some(b) = &o.blob {
-        let full = if b.starts_with("sha256:") {
-            b.clone()
-        } else {
-            format!("sha256:{b}")
-        };
-        if !is_digest(&full) {
-            return Err(bad(format!("blob {b:?} is not a sha256 digest")));
+    // The blob asked for, as `sha256:` and lower-case hex.
+    let blob = match &o.blob {
+        Some(b) => {
+            let b = b.to_ascii_lowercase();
+            let full = if b.starts_with("sha256:") {
+                b
+            } else {
+                format!("sha256:{b}")
+            };
+            if !is_digest(&full) {
+                return Err(bad(format!("blob {full:?} is not a sha256 digest")));
+            }
+            Some(full)
         }
-        if o.layer.is_some() {
-            return Err(bad(
-                "a layer index and a blob digest cannot be given together".into(),
-            ));
-        }
+        None => None,
+    };
+    if blob.is_some() && o.layer.is_some() {
+        return Err(bad(
+            "a layer index and a blob digest cannot be given together".into(),
+        ));
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -626,15 +632,10 @@ pub fn pull(reference: &str, o: &OciOptions, tmp: &Path) -> io::Result<Pulled> {
                 .ok_or_else(|| bad(format!("{what}: layer {i} asked for, the image has {n}")))?;
             layers = vec![l];
         }
-        if let Some(b) = &o.blob {
-            let full = if b.starts_with("sha256:") {
-                b.to_ascii_lowercase()
-            } else {
-                format!("sha256:{}", b.to_ascii_lowercase())
-            };
+        if let Some(full) = &blob {
             let l = layers
                 .iter()
-                .find(|l| l.digest == full)
+                .find(|l| &l.digest == full)
                 .cloned()
                 .ok_or_else(|| bad(format!("{what}: no layer {full}")))?;
             layers = vec![l];

@@ -200,6 +200,33 @@ fn oci_pull_builds_what_the_tar_stack_builds() {
         "user",
     ]);
     assert!(built(&a, &out.join("digest.erofs"), Some("secret")) == both);
+    // Credentials `docker login` stored (DOCKER_CONFIG), no --oci-username.
+    let cfg = d.path().join("docker");
+    std::fs::create_dir(&cfg).expect("mkdir");
+    let port = &reg.info["port"];
+    std::fs::write(
+        cfg.join("config.json"),
+        format!(r#"{{"auths": {{"127.0.0.1:{port}": {{"auth": "dXNlcjpzZWNyZXQ="}}}}}}"#),
+    )
+    .expect("write config.json");
+    let img = out.join("stored.erofs");
+    let o = ferofs()
+        .arg("build")
+        .args(z)
+        .args([
+            "--oci",
+            &r,
+            "--oci-insecure",
+            "--oci-platform",
+            "linux/amd64",
+        ])
+        .arg(&img)
+        .env("DOCKER_CONFIG", &cfg)
+        .env_remove("REGISTRY_AUTH_FILE")
+        .output()
+        .expect("build with stored credentials");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(std::fs::read(&img).expect("read") == both);
     // What the layers say, read back: the second layer's file, its whiteouts applied.
     let img = out.join("amd64.erofs");
     assert_eq!(ok(&[&"cat", &img, &"/etc/hostname"]), "top\n");

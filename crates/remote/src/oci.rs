@@ -7,7 +7,9 @@
 //! Registries ask for a token first (Docker Hub even for public images): a 401 with
 //! `WWW-Authenticate: Bearer realm=...,service=...,scope=...` is answered by asking the
 //! realm for a token (with the user name and password, when given) and retrying; a
-//! `Basic` challenge takes the user name and password directly. Redirects (blobs on a
+//! `Basic` challenge takes the user name and password directly. Without a user name,
+//! the credentials `docker login` or `podman login` stored for the registry are used
+//! ([`stored_credentials`]). Redirects (blobs on a
 //! CDN) are followed; the client drops the credentials when a redirect leaves the host.
 //!
 //! Bounds: manifests, indexes and token answers at most [`MAX_JSON`] bytes; a blob
@@ -80,6 +82,80 @@ pub fn host_platform() -> String {
         a => a,
     };
     format!("linux/{arch}")
+}
+
+/// The container tools' credential files, in the order they are asked:
+/// `REGISTRY_AUTH_FILE`, `$DOCKER_CONFIG/config.json`, `~/.docker/config.json` (docker
+/// login), `$XDG_RUNTIME_DIR/containers/auth.json` (podman login).
+fn auth_files() -> Vec<PathBuf> {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    let mut v = Vec::new();
+    v.extend(env("REGISTRY_AUTH_FILE"));
+    v.extend(env("DOCKER_CONFIG").map(|d| d.join("config.json")));
+    v.extend(env("HOME").map(|h| h.join(".docker/config.json")));
+    v.extend(env("XDG_RUNTIME_DIR").map(|d| d.join("containers/auth.json")));
+    v
+}
+
+/// The registry a credential file's key names: `https://index.docker.io/v1/` and
+/// `docker.io` are Docker Hub, whose API host is `registry-1.docker.io`.
+fn auth_key_host(key: &str) -> String {
+    let k = key
+        .strip_prefix("https://")
+        .or_else(|| key.strip_prefix("http://"))
+        .unwrap_or(key);
+    let k = k.split('/').next().unwrap_or("");
+    match k {
+        "index.docker.io" | "docker.io" => "registry-1.docker.io".to_string(),
+        _ => k.to_string(),
+    }
+}
+
+/// The user name and password stored for `host` (the API host of [`ImageRef`]) by
+/// `docker login` or `podman login`: the first file of [`auth_files`] with an entry for
+/// it (an `auth` field, base64 of `USER:PASSWORD`). Credential helpers (`credsStore`,
+/// `credHelpers`) are not run.
+pub fn stored_credentials(host: &str) -> Option<(String, String)> {
+    use base64::Engine;
+    for f in auth_files() {
+        let Ok(meta) = std::fs::metadata(&f) else {
+            continue;
+        };
+        if !meta.is_file() || meta.len() > MAX_JSON as u64 {
+            continue;
+        }
+        let Ok(text) = std::fs::read(&f) else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&text) else {
+            continue;
+        };
+        let Some(auths) = v.get("auths").and_then(|a| a.as_object()) else {
+            continue;
+        };
+        for (key, entry) in auths {
+            if auth_key_host(key) != host {
+                continue;
+            }
+            let Some(auth) = entry.get("auth").and_then(|a| a.as_str()) else {
+                continue;
+            };
+            let Ok(raw) = base64::engine::general_purpose::STANDARD.decode(auth.trim()) else {
+                continue;
+            };
+            let Ok(pair) = String::from_utf8(raw) else {
+                continue;
+            };
+            if let Some((u, p)) = pair.split_once(':') {
+                return Some((u.to_string(), p.to_string()));
+            }
+        }
+    }
+    None
 }
 
 /// A pulled image: its layers, in order, as files in a temporary directory (removed
@@ -596,6 +672,12 @@ pub fn pull(reference: &str, o: &OciOptions, tmp: &Path) -> io::Result<Pulled> {
         .build()
         .map_err(|e| fail(format!("HTTP client: {}", error_chain(&e))))?;
     let scheme = if o.insecure { "http" } else { "https" };
+    let mut o = o.clone();
+    if o.username.is_none() {
+        if let Some((u, p)) = stored_credentials(&r.host) {
+            (o.username, o.password) = (Some(u), Some(p));
+        }
+    }
     let mut c = Client {
         http,
         base: format!("{scheme}://{}", r.host),
@@ -709,6 +791,17 @@ mod tests {
         ] {
             assert!(parse_ref(bad).is_err(), "{bad:?} parsed");
         }
+    }
+
+    #[test]
+    fn credential_keys() {
+        assert_eq!(
+            auth_key_host("https://index.docker.io/v1/"),
+            "registry-1.docker.io"
+        );
+        assert_eq!(auth_key_host("docker.io"), "registry-1.docker.io");
+        assert_eq!(auth_key_host("ghcr.io"), "ghcr.io");
+        assert_eq!(auth_key_host("http://localhost:5000/v2/"), "localhost:5000");
     }
 
     #[test]

@@ -54,6 +54,25 @@ pub struct BuildArgs {
     /// With --oci: plain HTTP (a registry without TLS, e.g. on localhost).
     #[arg(long, requires = "oci")]
     oci_insecure: bool,
+    /// Build from the objects of an S3 bucket (AWS or compatible: MinIO, Ceph RGW, ...)
+    /// under a prefix: `BUCKET[/PREFIX]`. Each object becomes a file at its key (mode
+    /// 0644, your uid and gid, its last-modified time), a key ending in `/` a directory
+    /// (0755), as mkfs.erofs's `--s3`; the objects are fetched into a tar beside IMAGE
+    /// (removed afterwards) and built from it. Endpoint and credentials: --s3-endpoint,
+    /// --s3-passwd-file, or the AWS_* environment; only `IMAGE` is given as a path.
+    #[arg(long, value_name = "BUCKET[/PREFIX]", conflicts_with_all = ["tar", "tar_index", "oci"])]
+    s3: Option<String>,
+    /// With --s3: the access key and secret from an s3fs password file (one line,
+    /// `ACCESS_KEY:SECRET_KEY`).
+    #[arg(long, value_name = "FILE", requires = "s3")]
+    s3_passwd_file: Option<PathBuf>,
+    /// With --s3: the bucket's region (default AWS_REGION, else us-east-1).
+    #[arg(long, value_name = "REGION", requires = "s3")]
+    s3_region: Option<String>,
+    /// With --s3: virtual-hosted-style requests (`BUCKET.ENDPOINT/KEY`, AWS's) instead
+    /// of path-style (`ENDPOINT/BUCKET/KEY`).
+    #[arg(long, requires = "s3")]
+    s3_virtual_hosted: bool,
     /// Tar input: OCI whiteouts (`.wh.NAME`, `.wh..wh..opq`) become overlayfs
     /// whiteouts (char 0:0) and opaque directories (`trusted.overlay.opaque=y`).
     #[arg(long)]
@@ -417,7 +436,7 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
         Some(1) => true,
         Some(n) => bail!("--ovlfs-strip={n}: 0 or 1"),
     };
-    if a.aufs && a.tar.is_empty() && a.oci.is_none() {
+    if a.aufs && a.tar.is_empty() && a.oci.is_none() && a.s3.is_none() {
         bail!("--aufs applies to tar input (--tar, --oci)");
     }
     o.all_root = a.all_root;
@@ -685,6 +704,126 @@ fn stop_on_signals() -> Result<()> {
     Ok(())
 }
 
+/// The access key and secret of an s3fs password file (`ACCESS_KEY:SECRET_KEY`).
+fn s3_passwd(path: &std::path::Path) -> Result<(String, String)> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
+    anyhow::ensure!(meta.is_file(), "{}: not a regular file", path.display());
+    anyhow::ensure!(
+        meta.len() < 4096,
+        "{}: too large for a password file",
+        path.display()
+    );
+    if meta.permissions().mode() & 0o077 != 0 {
+        eprintln!(
+            "warning: {}: readable by group or others (chmod 600 it)",
+            path.display()
+        );
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+    let line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    let Some((ak, sk)) = line.trim_end_matches('\r').split_once(':') else {
+        bail!("{}: expected ACCESS_KEY:SECRET_KEY", path.display());
+    };
+    Ok((ak.to_string(), sk.to_string()))
+}
+
+/// Fetch the objects `--s3 BUCKET[/PREFIX]` names into a tar beside the output image:
+/// each object a file at its key, a key ending in `/` a directory.
+fn fetch_s3(a: &BuildArgs, spec: &str) -> Result<tempfile::NamedTempFile> {
+    use std::io::Write;
+    let [image] = a.paths.as_slice() else {
+        bail!("build --s3: give only the output IMAGE as a path");
+    };
+    let spec = spec.trim_start_matches("s3://").trim_start_matches('/');
+    let (bucket, prefix) = spec.split_once('/').unwrap_or((spec, ""));
+    let ro = crate::source::remote_options()?;
+    let mut o = ferofs_remote::bucket::S3Options {
+        endpoint: ro.s3_endpoint.map(|e| {
+            if e.contains("://") {
+                e
+            } else {
+                format!("https://{e}")
+            }
+        }),
+        region: a.s3_region.clone(),
+        virtual_hosted: a.s3_virtual_hosted,
+        timeout: ro.timeout,
+        ..Default::default()
+    };
+    if let Some(f) = &a.s3_passwd_file {
+        let (ak, sk) = s3_passwd(f)?;
+        (o.access_key, o.secret_key) = (Some(ak), Some(sk));
+    }
+    let t = Instant::now();
+    let what = format!("s3://{spec}");
+    let b = ferofs_remote::bucket::S3Bucket::open(bucket, &o).with_context(|| what.clone())?;
+    let objects = b.list(prefix).with_context(|| format!("listing {what}"))?;
+    let dir = match image.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let tmp = tempfile::Builder::new()
+        .prefix(".ferofs-s3-")
+        .suffix(".tar")
+        .tempfile_in(&dir)
+        .with_context(|| format!("a temporary tar in {}", dir.display()))?;
+    let (uid, gid) = (
+        rustix::process::getuid().as_raw(),
+        rustix::process::getgid().as_raw(),
+    );
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file());
+    let mut written = 0u64;
+    let mut bytes = 0u64;
+    let head = crate::tarw::global_header();
+    w.write_all(&head)?;
+    written += head.len() as u64;
+    for obj in &objects {
+        let dir_marker = obj.dir;
+        let e = crate::tarw::Entry {
+            path: format!("./{}", obj.key.trim_start_matches('/')).into_bytes(),
+            kind: if dir_marker {
+                crate::tarw::Kind::Dir
+            } else {
+                crate::tarw::Kind::File
+            },
+            mode: if dir_marker { 0o755 } else { 0o644 },
+            uid,
+            gid,
+            mtime: obj.mtime,
+            mtime_nsec: obj.mtime_nsec,
+            size: if dir_marker { 0 } else { obj.size },
+            link: Vec::new(),
+            dev: (0, 0),
+            xattrs: Vec::new(),
+            sparse: None,
+        };
+        let mut h = Vec::new();
+        e.encode(&mut h);
+        w.write_all(&h)?;
+        written += h.len() as u64;
+        if !dir_marker {
+            b.fetch(obj, &mut w)
+                .with_context(|| format!("fetching s3://{bucket}/{}", obj.key))?;
+            let pad = crate::tarw::padding(obj.size);
+            w.write_all(&vec![0u8; pad])?;
+            written += obj.size + pad as u64;
+            bytes += obj.size;
+        }
+    }
+    w.write_all(&crate::tarw::trailer(written))?;
+    w.flush()?;
+    drop(w);
+    if !a.quiet {
+        eprintln!(
+            "fetched {what}: {} objects, {bytes} bytes in {:.1} s",
+            objects.len(),
+            t.elapsed().as_secs_f64()
+        );
+    }
+    Ok(tmp)
+}
+
 /// Fetch the layers `--oci` names into a temporary directory beside the output image.
 fn pull_oci(a: &BuildArgs, reference: &str) -> Result<ferofs_remote::oci::Pulled> {
     let [image] = a.paths.as_slice() else {
@@ -744,6 +883,15 @@ pub fn run(mut a: BuildArgs) -> Result<()> {
         }
         None => None,
     };
+    // --s3: the objects, fetched into one tar (removed when the build ends).
+    let _fetched = match a.s3.clone() {
+        Some(spec) => {
+            let t = fetch_s3(&a, &spec)?;
+            a.tar = vec![t.path().as_os_str().to_owned()];
+            Some(t)
+        }
+        None => None,
+    };
     if opts.worker_threads() > 2 {
         // Two arenas for all threads: each arena keeps what was freed in it, and with
         // one per thread their high-water marks added up past --memory-limit (linux
@@ -770,6 +918,10 @@ pub fn run(mut a: BuildArgs) -> Result<()> {
     let (source, image) = match (a.tar.is_empty(), a.paths.as_slice()) {
         (true, [s, i]) => (s.display().to_string(), i.clone()),
         (false, [i]) if a.oci.is_some() => (a.oci.clone().unwrap_or_default(), i.clone()),
+        (false, [i]) if a.s3.is_some() => (
+            format!("s3://{}", a.s3.as_deref().unwrap_or_default()),
+            i.clone(),
+        ),
         (false, [i]) => {
             let names: Vec<String> = a
                 .tar

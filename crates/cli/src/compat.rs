@@ -20,7 +20,7 @@ const UNSUPPORTED_LONG: [&str; 4] = [
 ];
 
 /// Long options whose value may be the next argument.
-const LONG_WITH_VALUE: [&str; 23] = [
+const LONG_WITH_VALUE: [&str; 24] = [
     "root-xattr-isize",
     "max-extent-bytes",
     "file-contexts",
@@ -44,6 +44,7 @@ const LONG_WITH_VALUE: [&str; 23] = [
     "fs-config-file",
     "product-out",
     "vmdk-desc",
+    "s3",
 ];
 
 /// The `ferofs build` arguments (after `build`) for mkfs.erofs's `args` (after the
@@ -53,6 +54,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
     let mut pos: Vec<OsString> = Vec::new();
     let mut tar: Option<char> = None;
     let mut oci: Option<Vec<OsString>> = None;
+    let mut s3: Option<Vec<OsString>> = None;
     let mut compress = false;
     let mut sort_none = false;
     let mut pcluster: Option<String> = None;
@@ -178,6 +180,9 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                 // `,password=P`, `,insecure` (mkfs.erofs 1.9.3's spelling; its
                 // platform default is linux/amd64).
                 "oci" => oci = Some(oci_options(inline.as_deref().unwrap_or(""))?),
+                // The objects under BUCKET[/PREFIX] (SOURCE) of an S3-compatible store:
+                // `--s3=ENDPOINT[,passwd_file=F][,urlstyle=vhost|path][,sig=2|4][,region=R]`.
+                "s3" => s3 = Some(s3_options(&value()?)?),
                 // An optional value, given with `=` only (getopt's optional argument).
                 "xattr-inode-digest" => out.push(match &inline {
                     Some(v) => format!("--xattr-inode-digest={v}").into(),
@@ -373,14 +378,18 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
         bail!("mkfs.erofs: missing IMAGE (usage: mkfs.erofs [OPTIONS] IMAGE SOURCE)");
     };
     let sources = &pos[1..];
-    if let Some(o) = oci {
+    for (name, opts, what) in [
+        ("--oci", oci, "the image reference"),
+        ("--s3", s3, "BUCKET[/PREFIX]"),
+    ] {
+        let Some(o) = opts else { continue };
         if tar.is_some() {
-            bail!("mkfs.erofs: --oci and --tar cannot be given together");
+            bail!("mkfs.erofs: {name} and --tar cannot be given together");
         }
         let [src] = sources else {
-            bail!("mkfs.erofs: --oci: expected IMAGE SOURCE (SOURCE: the image reference)");
+            bail!("mkfs.erofs: {name}: expected IMAGE SOURCE (SOURCE: {what})");
         };
-        out.push("--oci".into());
+        out.push(name.into());
         out.push(src.clone());
         out.extend(o);
         out.push(image);
@@ -405,6 +414,34 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
             out.push(src.clone());
             out.push(image);
         }
+    }
+    Ok(out)
+}
+
+/// `ferofs build` options for mkfs.erofs's `--s3=` value: the endpoint, then
+/// `passwd_file=`, `urlstyle=vhost|path` (mkfs.erofs's default vhost), `sig=2|4`
+/// (ferofs signs every request with AWS's version 4, which every S3-compatible store
+/// takes: both accepted), `region=`.
+fn s3_options(v: &str) -> Result<Vec<OsString>> {
+    let mut parts = v.split(',');
+    let endpoint = parts.next().unwrap_or("");
+    if endpoint.is_empty() {
+        bail!("mkfs.erofs: --s3 needs an endpoint (--s3=ENDPOINT[,...])");
+    }
+    let mut out: Vec<OsString> = vec!["--s3-endpoint".into(), endpoint.into()];
+    let mut vhost = true;
+    for o in parts {
+        match o.split_once('=') {
+            Some(("passwd_file", f)) => out.extend(["--s3-passwd-file".into(), f.into()]),
+            Some(("urlstyle", "vhost")) => vhost = true,
+            Some(("urlstyle", "path")) => vhost = false,
+            Some(("sig", "2" | "4")) => {}
+            Some(("region", r)) => out.extend(["--s3-region".into(), r.into()]),
+            _ => bail!("mkfs.erofs: --s3: option {o:?} is not implemented by ferofs"),
+        }
+    }
+    if vhost {
+        out.push("--s3-virtual-hosted".into());
     }
     Ok(out)
 }
@@ -447,6 +484,53 @@ mod tests {
             .into_iter()
             .map(|s| s.to_string_lossy().into_owned())
             .collect())
+    }
+
+    #[test]
+    fn s3_command_lines() {
+        assert_eq!(
+            t(&["--s3", "s3.amazonaws.com", "a.erofs", "bucket/pre"]).expect("--s3"),
+            [
+                "-z",
+                "none",
+                "--s3",
+                "bucket/pre",
+                "--s3-endpoint",
+                "s3.amazonaws.com",
+                "--s3-virtual-hosted",
+                "a.erofs"
+            ]
+        );
+        assert_eq!(
+            t(&[
+                "-zlz4",
+                "--s3=http://h:9000,passwd_file=/p,urlstyle=path,sig=4,region=eu-west-1",
+                "a.erofs",
+                "b"
+            ])
+            .expect("--s3=..."),
+            [
+                "-z",
+                "lz4",
+                "--s3",
+                "b",
+                "--s3-endpoint",
+                "http://h:9000",
+                "--s3-passwd-file",
+                "/p",
+                "--s3-region",
+                "eu-west-1",
+                "a.erofs"
+            ]
+        );
+        for (bad, name) in [
+            (&["--s3=h,sig=3", "a", "b"][..], "sig=3"),
+            (&["--s3=", "a", "b"][..], "endpoint"),
+            (&["--s3=h", "a"][..], "BUCKET"),
+        ] {
+            let e = t(bad).expect_err("must fail").to_string();
+            assert!(e.contains(name), "{bad:?}: {e}");
+        }
     }
 
     #[test]

@@ -813,3 +813,132 @@ fn http_verity_checks_fetched_blocks() {
     let text = String::from_utf8_lossy(&v.stdout);
     assert!(text.contains("does not match the hash tree"), "{text}");
 }
+
+/// `build --s3 BUCKET/PREFIX`: each object under the prefix a file at its key (0644,
+/// the builder's ids, its last-modified time), directory markers (`KEY/`) directories
+/// (0755), nothing outside the prefix; mkfs.erofs's `--s3=ENDPOINT,...` builds the same
+/// bytes; a failure leaves neither an image nor the temporary tar.
+#[test]
+fn s3_bucket_builds_a_tree() {
+    if !available("s3_bucket_builds_a_tree") {
+        return;
+    }
+    let m = moto();
+    let blob = noise(300_000, 11);
+    let d = scratch("s3-tree");
+    std::fs::write(d.path().join("blob"), &blob).expect("write");
+    m.s3(&format!(
+        "for k, b in [('ds/a.txt', b'hello\\n'), ('ds/sub/', b''), ('ds/emptydir/', b''), \
+         ('ds/sub/deeper/c', b'c'), ('dsx/outside', b'x'), ('ds/empty', b'')]:\n    \
+         s3.put_object(Bucket='{BUCKET}', Key=k, Body=b)"
+    ));
+    m.put("ds/sub/blob.bin", &d.path().join("blob"));
+    let out = d.path().join("out");
+    std::fs::create_dir(&out).expect("mkdir");
+    let img = out.join("s3.erofs");
+    good(
+        cmd(Some(&m)),
+        &[
+            &"build",
+            &"-q",
+            &"-z",
+            &"none",
+            &"--s3",
+            &format!("{BUCKET}/ds"),
+            &img,
+        ],
+    );
+    let ls = |p: &str| -> String {
+        let (o, _) = good(cmd(None), &[&"ls", &img, &p]);
+        String::from_utf8_lossy(&o).into_owned()
+    };
+    let names = |p: &str| -> Vec<String> {
+        ls(p)
+            .lines()
+            .filter_map(|l| l.split_whitespace().last().map(String::from))
+            .collect()
+    };
+    assert_eq!(names("/"), ["ds"]);
+    assert_eq!(names("/ds"), ["a.txt", "empty", "emptydir", "sub"]);
+    assert_eq!(names("/ds/sub"), ["blob.bin", "deeper"]);
+    let root_ls = ls("/ds");
+    let uid = rustix::process::getuid().as_raw();
+    for (name, mode) in [
+        ("a.txt", "-rw-r--r--"),
+        ("empty", "-rw-r--r--"),
+        ("emptydir", "drwxr-xr-x"),
+    ] {
+        let line = root_ls
+            .lines()
+            .find(|l| l.ends_with(&format!(" {name}")))
+            .expect("listed");
+        assert!(line.starts_with(mode), "{line}");
+        assert_eq!(
+            line.split_whitespace().nth(2),
+            Some(uid.to_string().as_str()),
+            "{line}"
+        );
+    }
+    let (cat, _) = good(cmd(None), &[&"cat", &img, &"/ds/sub/blob.bin"]);
+    assert!(cat == blob, "blob.bin differs");
+    let (cat, _) = good(cmd(None), &[&"cat", &img, &"/ds/a.txt"]);
+    assert_eq!(cat, b"hello\n");
+    // The mtime is the object's last-modified time: within the last hour.
+    let (st, _) = good(cmd(None), &[&"stat", &"--json", &img, &"/ds/a.txt"]);
+    let mtime = json(&String::from_utf8_lossy(&st))["mtime"]
+        .as_i64()
+        .expect("mtime");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64;
+    assert!(
+        (now - 3600..=now + 60).contains(&mtime),
+        "mtime {mtime}, now {now}"
+    );
+    fsck_erofs(&img).expect("fsck.erofs");
+    // mkfs.erofs's command line: credentials from an s3fs password file.
+    let pw = d.path().join("passwd");
+    std::fs::write(&pw, "test:test\n").expect("write");
+    std::fs::set_permissions(&pw, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("chmod");
+    let dropin = out.join("mkfs.erofs");
+    let link = d.path().join("mkfs.erofs");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ferofs"), &link).expect("symlink");
+    let mut c = cmd(None);
+    c.env("AWS_REGION", "us-east-1");
+    let o = Command::new(&link)
+        .envs(c.get_envs().filter_map(|(k, v)| v.map(|v| (k, v))))
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .arg("--quiet")
+        .arg(format!(
+            "--s3={},urlstyle=path,passwd_file={}",
+            m.endpoint(),
+            pw.display()
+        ))
+        .arg(&dropin)
+        .arg(format!("{BUCKET}/ds"))
+        .output()
+        .expect("mkfs.erofs --s3");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(std::fs::read(&dropin).expect("read") == std::fs::read(&img).expect("read"));
+    // A bucket that does not exist: an error naming it, nothing left behind.
+    let bad = out.join("bad.erofs");
+    let o = output(
+        cmd(Some(&m)),
+        &[&"build", &"-q", &"--s3", &"no-such-bucket/ds", &bad],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("no-such-bucket"),
+        "{err}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&out)
+        .expect("ls")
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(!bad.exists() && left.is_empty(), "{left:?}");
+}

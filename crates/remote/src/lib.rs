@@ -27,6 +27,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod bucket;
 mod disk;
 pub mod oci;
 mod verity;

@@ -728,6 +728,28 @@ fn s3_passwd(path: &std::path::Path) -> Result<(String, String)> {
     Ok((ak.to_string(), sk.to_string()))
 }
 
+/// The tar entry of S3 object `obj`: a file at its key (0644), or a directory (0755).
+fn tar_entry(obj: &ferofs_remote::bucket::S3Object, uid: u32, gid: u32) -> crate::tarw::Entry {
+    crate::tarw::Entry {
+        path: format!("./{}", obj.key.trim_start_matches('/')).into_bytes(),
+        kind: if obj.dir {
+            crate::tarw::Kind::Dir
+        } else {
+            crate::tarw::Kind::File
+        },
+        mode: if obj.dir { 0o755 } else { 0o644 },
+        uid,
+        gid,
+        mtime: obj.mtime,
+        mtime_nsec: obj.mtime_nsec,
+        size: if obj.dir { 0 } else { obj.size },
+        link: Vec::new(),
+        dev: (0, 0),
+        xattrs: Vec::new(),
+        sparse: None,
+    }
+}
+
 /// Fetch the objects `--s3 BUCKET[/PREFIX]` names into a tar beside the output image:
 /// each object a file at its key, a key ending in `/` a directory.
 fn fetch_s3(a: &BuildArgs, spec: &str) -> Result<tempfile::NamedTempFile> {
@@ -778,38 +800,54 @@ fn fetch_s3(a: &BuildArgs, spec: &str) -> Result<tempfile::NamedTempFile> {
     let head = crate::tarw::global_header();
     w.write_all(&head)?;
     written += head.len() as u64;
-    for obj in &objects {
-        let dir_marker = obj.dir;
-        let e = crate::tarw::Entry {
-            path: format!("./{}", obj.key.trim_start_matches('/')).into_bytes(),
-            kind: if dir_marker {
-                crate::tarw::Kind::Dir
-            } else {
-                crate::tarw::Kind::File
-            },
-            mode: if dir_marker { 0o755 } else { 0o644 },
-            uid,
-            gid,
-            mtime: obj.mtime,
-            mtime_nsec: obj.mtime_nsec,
-            size: if dir_marker { 0 } else { obj.size },
-            link: Vec::new(),
-            dev: (0, 0),
-            xattrs: Vec::new(),
-            sparse: None,
+    // Small objects are fetched in batches, several at a time (a bucket of many small
+    // objects is latency-bound); a large one streams into the tar alone.
+    const SMALL: u64 = 1 << 20;
+    const BATCH_BYTES: u64 = 16 << 20;
+    let mut i = 0;
+    // Bounded: every turn writes at least one object.
+    while i < objects.len() {
+        let mut j = i;
+        let mut held = 0u64;
+        while j < objects.len()
+            && (objects[j].dir || objects[j].size <= SMALL)
+            && held + objects[j].size <= BATCH_BYTES
+            && j - i < 64
+        {
+            held += objects[j].size;
+            j += 1;
+        }
+        let batch: Vec<&ferofs_remote::bucket::S3Object> = if j > i {
+            objects[i..j].iter().filter(|o| !o.dir).collect()
+        } else {
+            Vec::new()
         };
-        let mut h = Vec::new();
-        e.encode(&mut h);
-        w.write_all(&h)?;
-        written += h.len() as u64;
-        if !dir_marker {
-            b.fetch(obj, &mut w)
-                .with_context(|| format!("fetching s3://{bucket}/{}", obj.key))?;
+        let mut data = b
+            .fetch_many(&batch)
+            .with_context(|| format!("fetching objects of {what}"))?
+            .into_iter();
+        let end = j.max(i + 1);
+        for obj in &objects[i..end] {
+            let mut h = Vec::new();
+            tar_entry(obj, uid, gid).encode(&mut h);
+            w.write_all(&h)?;
+            written += h.len() as u64;
+            if obj.dir {
+                continue;
+            }
+            if j > i {
+                let d = data.next().context("fetched objects out of step")?;
+                w.write_all(&d)?;
+            } else {
+                b.fetch(obj, &mut w)
+                    .with_context(|| format!("fetching s3://{bucket}/{}", obj.key))?;
+            }
             let pad = crate::tarw::padding(obj.size);
             w.write_all(&vec![0u8; pad])?;
             written += obj.size + pad as u64;
             bytes += obj.size;
         }
+        i = end;
     }
     w.write_all(&crate::tarw::trailer(written))?;
     w.flush()?;

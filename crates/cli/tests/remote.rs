@@ -824,7 +824,8 @@ fn s3_bucket_builds_a_tree() {
         return;
     }
     let m = moto();
-    let blob = noise(300_000, 11);
+    // Over 1 MiB: streamed into the tar alone (the small ones come in batches).
+    let blob = noise(1_500_000, 11);
     let d = scratch("s3-tree");
     std::fs::write(d.path().join("blob"), &blob).expect("write");
     m.s3(&format!(

@@ -724,7 +724,13 @@ pub fn pull(reference: &str, o: &OciOptions, tmp: &Path) -> io::Result<Pulled> {
         }
         let dir = tempfile::Builder::new()
             .prefix(".ferofs-oci-")
-            .tempdir_in(tmp)?;
+            .tempdir_in(tmp)
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("a temporary directory in {}: {e}", tmp.display()),
+                )
+            })?;
         let paths: Vec<PathBuf> = (0..layers.len())
             .map(|i| dir.path().join(format!("layer-{i:04}")))
             .collect();

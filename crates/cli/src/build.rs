@@ -27,10 +27,12 @@ pub struct BuildArgs {
     tar: Vec<std::ffi::OsString>,
     /// Build from an image in an OCI registry (Docker Hub, GHCR, Quay, a private
     /// registry): `[REGISTRY/]NAME[:TAG|@DIGEST]`, e.g. `debian:stable`,
-    /// `ghcr.io/OWNER/APP:1.2`, `localhost:5000/app@sha256:...`. The layers of the
-    /// platform's image are fetched (each checked against its size and SHA-256 digest)
-    /// into a temporary directory beside IMAGE, then flattened as repeated `--tar`s are
-    /// (whiteouts applied); only `IMAGE` is given as a path.
+    /// `ghcr.io/OWNER/APP:1.2`, `localhost:5000/app@sha256:...`; or an image on disk as
+    /// skopeo names them: `oci:DIR[:REF]` (an OCI image layout), `oci-archive:FILE[:REF]`,
+    /// `docker-archive:FILE` (`docker save`). The layers of the platform's image are
+    /// fetched (each checked against its size and SHA-256 digest) into a temporary
+    /// directory beside IMAGE (a layout's are read in place), then flattened as repeated
+    /// `--tar`s are (whiteouts applied); only `IMAGE` is given as a path.
     #[arg(long, value_name = "REF", conflicts_with_all = ["tar", "tar_index"])]
     oci: Option<String>,
     /// With --oci: the platform, `OS/ARCH[/VARIANT]` (default: this machine's, e.g.

@@ -312,6 +312,83 @@ fn oci_pull_builds_what_the_tar_stack_builds() {
     assert!(!img.exists());
     assert!(leftovers(&out).is_empty(), "{:?}", leftovers(&out));
 
+    // Images on disk: an OCI layout (layers read in place), a tar of one, and docker
+    // save's archives (Docker 25's content-addressed layer paths, and the older
+    // N/layer.tar).
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oci_registry.py");
+    let fixture = |extra: &[&str]| {
+        sh(Command::new("python3")
+            .arg(&script)
+            .args(["--name", "test/img", "--tag", "v9"])
+            .args(["--layer", &format!("linux/amd64={s1}")])
+            .args(["--layer", &format!("linux/amd64={s2}")])
+            .args(["--layer", &format!("linux/arm64={s1}")])
+            .args(extra));
+    };
+    let lay = d.path().join("layout");
+    fixture(&["--layout", lay.to_str().expect("utf-8")]);
+    let on_disk = |src: String, extra: &[&str], name: &str| {
+        let mut a: Vec<&str> = z.to_vec();
+        a.extend(["--oci", &src]);
+        a.extend(extra);
+        built(&a, &out.join(name), None)
+    };
+    let amd = ["--oci-platform", "linux/amd64"];
+    assert!(on_disk(format!("oci:{}:v9", lay.display()), &amd, "lay.erofs") == both);
+    assert!(
+        on_disk(
+            format!("oci:{}", lay.display()),
+            &["--oci-platform", "linux/arm64"],
+            "lay-arm.erofs"
+        ) == first
+    );
+    let lay_tar = d.path().join("layout.tar");
+    sh(Command::new("tar")
+        .arg("-cf")
+        .arg(&lay_tar)
+        .arg("-C")
+        .arg(&lay)
+        .arg("."));
+    assert!(
+        on_disk(
+            format!("oci-archive:{}:v9", lay_tar.display()),
+            &amd,
+            "oa.erofs"
+        ) == both
+    );
+    for (name, extra) in [
+        ("docker.tar", &[][..]),
+        ("legacy.tar", &["--docker-legacy"][..]),
+    ] {
+        let f = d.path().join(name);
+        let mut a = vec!["--docker-archive", f.to_str().expect("utf-8")];
+        a.extend(extra);
+        fixture(&a);
+        assert!(
+            on_disk(format!("docker-archive:{}", f.display()), &[], name) == both,
+            "{name}"
+        );
+    }
+    assert!(leftovers(&out).is_empty(), "{:?}", leftovers(&out));
+    // A damaged layer in the layout; a name the layout does not have.
+    let blob_file = lay.join("blobs/sha256").join(&blob["sha256:".len()..]);
+    let mut bytes = std::fs::read(&blob_file).expect("read blob");
+    bytes[10] ^= 1;
+    std::fs::write(&blob_file, &bytes).expect("write blob");
+    for (src, want) in [
+        (format!("oci:{}:v9", lay.display()), "content digest"),
+        (
+            format!("oci:{}:nope", lay.display()),
+            "no image named \"nope\" (it has: v9)",
+        ),
+    ] {
+        let img = out.join("fail.erofs");
+        let o = build_with(&[&z[..], &["--oci", &src], &amd[..]].concat(), &img, None);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(want), "{src}: {err}");
+        assert!(!img.exists());
+    }
+
     // mkfs.erofs's command line: `--oci[=f][,platform=...]` and the reference as SOURCE.
     // Its first two blob requests fail with 503: the downloads are tried again.
     let good = Registry::start(

@@ -4,6 +4,8 @@
 usage: oci_registry.py --info FILE --name NAME --tag TAG
                        [--layer PLATFORM=FILE ...] [--auth USER:PASS] [--redirect]
                        [--corrupt-blob] [--flaky N]
+       oci_registry.py --name NAME --tag TAG --layer ... --layout DIR
+       oci_registry.py --name NAME --tag TAG --layer ... --docker-archive FILE [--docker-legacy]
 
 Serves an image index for TAG with one manifest per PLATFORM (os/arch) whose layers are
 the FILEs given for it, in order (media type from the name: .gz tar+gzip, .zst
@@ -12,7 +14,9 @@ tar+zstd, else tar), plus an attestation-like entry (platform unknown/unknown). 
 Basic credentials USER:PASS (Docker Hub's flow). With --redirect, blobs answer 307 to
 /cdn/DIGEST (served without auth). With --corrupt-blob, the first byte of every layer
 is flipped as it is served. With --flaky N, the first N blob requests answer 503. Binds 127.0.0.1 on a free port, then writes FILE (JSON:
-port, manifest digests by platform, layer digests).
+port, manifest digests by platform, layer digests). With --layout or --docker-archive
+it writes the image to disk instead (an OCI layout whose index.json names the image
+index TAG; `docker save`'s archive of the first platform's image) and exits.
 """
 import argparse
 import base64
@@ -25,7 +29,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 p = argparse.ArgumentParser()
-p.add_argument("--info", required=True)
+p.add_argument("--info")
 p.add_argument("--name", required=True)
 p.add_argument("--tag", required=True)
 p.add_argument("--layer", action="append", default=[])
@@ -33,6 +37,10 @@ p.add_argument("--auth")
 p.add_argument("--redirect", action="store_true")
 p.add_argument("--corrupt-blob", action="store_true")
 p.add_argument("--flaky", type=int, default=0)
+p.add_argument("--layout", help="write an OCI image layout to this directory and exit")
+p.add_argument("--docker-archive", help="write a docker save archive (first platform) and exit")
+p.add_argument("--docker-legacy", action="store_true",
+               help="with --docker-archive: layers as N/layer.tar, as Docker before 25")
 args = p.parse_args()
 
 blobs = {}  # digest -> (media type, bytes)
@@ -94,6 +102,42 @@ index = json.dumps({"schemaVersion": 2,
 imt = "application/vnd.oci.image.index.v1+json"
 index_digest = put(imt, index)
 tags = {args.tag: index_digest}
+
+if args.layout:
+    os.makedirs(os.path.join(args.layout, "blobs", "sha256"), exist_ok=True)
+    for d, (mt, data) in blobs.items():
+        with open(os.path.join(args.layout, "blobs", "sha256", d[len("sha256:"):]), "wb") as f:
+            f.write(data)
+    with open(os.path.join(args.layout, "oci-layout"), "w") as f:
+        json.dump({"imageLayoutVersion": "1.0.0"}, f)
+    with open(os.path.join(args.layout, "index.json"), "w") as f:
+        json.dump({"schemaVersion": 2, "manifests": [
+            {"mediaType": imt, "digest": index_digest, "size": len(index),
+             "annotations": {"org.opencontainers.image.ref.name": args.tag}}]}, f)
+    sys.exit(0)
+if args.docker_archive:
+    import io
+    import tarfile
+    plat = next(iter(platforms))
+    md = manifest_digests[plat]
+    man = json.loads(blobs[md][1])
+    members = {}
+    if args.docker_legacy:
+        paths = [f"{i}/layer.tar" for i in range(len(man["layers"]))]
+    else:
+        paths = ["blobs/sha256/" + l["digest"][len("sha256:"):] for l in man["layers"]]
+    for pth, l in zip(paths, man["layers"]):
+        members[pth] = blobs[l["digest"]][1]
+    cfg = "blobs/sha256/" + man["config"]["digest"][len("sha256:"):]
+    members[cfg] = blobs[man["config"]["digest"]][1]
+    members["manifest.json"] = json.dumps([{"Config": cfg, "RepoTags": [f"{args.name}:{args.tag}"],
+                                            "Layers": paths}]).encode()
+    with tarfile.open(args.docker_archive, "w", format=tarfile.PAX_FORMAT) as t:
+        for name in sorted(members):
+            ti = tarfile.TarInfo(name)
+            ti.size = len(members[name])
+            t.addfile(ti, io.BytesIO(members[name]))
+    sys.exit(0)
 token = secrets.token_hex(16)
 flaky = {"left": args.flaky}
 flaky_lock = threading.Lock()

@@ -30,6 +30,7 @@
 pub mod bucket;
 mod disk;
 pub mod oci;
+mod oci_local;
 mod verity;
 
 use bytes::Bytes;

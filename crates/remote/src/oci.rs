@@ -158,16 +158,17 @@ pub fn stored_credentials(host: &str) -> Option<(String, String)> {
     None
 }
 
-/// A pulled image: its layers, in order, as files in a temporary directory (removed
-/// when this is dropped).
+/// A pulled image: its layers, in order, as files (in a temporary directory removed
+/// when this is dropped, or in place in an OCI layout directory).
 #[derive(Debug)]
 pub struct Pulled {
     pub layers: Vec<PathBuf>,
-    /// Digest of the manifest the layers come from.
+    /// Digest of the manifest the layers come from (empty for a legacy `docker save`
+    /// archive, which has none).
     pub manifest_digest: String,
-    /// Bytes fetched (the layers, compressed as the registry stores them).
+    /// Bytes fetched or read (the layers, compressed as they are stored).
     pub bytes: u64,
-    _dir: tempfile::TempDir,
+    pub(crate) _dir: Option<tempfile::TempDir>,
 }
 
 /// An image reference, split.
@@ -181,15 +182,15 @@ pub struct ImageRef {
     pub reference: String,
 }
 
-fn bad(msg: String) -> io::Error {
+pub(crate) fn bad(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg)
 }
 
-fn fail(msg: String) -> io::Error {
+pub(crate) fn fail(msg: String) -> io::Error {
     io::Error::other(msg)
 }
 
-fn is_digest(s: &str) -> bool {
+pub(crate) fn is_digest(s: &str) -> bool {
     s.strip_prefix("sha256:")
         .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
 }
@@ -454,7 +455,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-fn hex(b: &[u8]) -> String {
+pub(crate) fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
@@ -475,17 +476,21 @@ async fn read_limited(mut resp: reqwest::Response, max: usize, what: &str) -> io
 }
 
 #[derive(Debug, Clone)]
-struct Layer {
-    digest: String,
-    size: u64,
+pub(crate) struct Layer {
+    pub(crate) digest: String,
+    pub(crate) size: u64,
 }
 
-fn json(body: &[u8], what: &str) -> io::Result<serde_json::Value> {
+pub(crate) fn json(body: &[u8], what: &str) -> io::Result<serde_json::Value> {
     serde_json::from_slice(body).map_err(|e| fail(format!("{what}: not JSON: {e}")))
 }
 
 /// The platform entry of an index matching `want` (`os/arch[/variant]`).
-fn pick_platform(index: &serde_json::Value, want: &str, what: &str) -> io::Result<String> {
+pub(crate) fn pick_platform(
+    index: &serde_json::Value,
+    want: &str,
+    what: &str,
+) -> io::Result<String> {
     let mut w = want.split('/');
     let (os, arch, variant) = (w.next().unwrap_or(""), w.next().unwrap_or(""), w.next());
     let list = index
@@ -531,7 +536,7 @@ fn pick_platform(index: &serde_json::Value, want: &str, what: &str) -> io::Resul
     )))
 }
 
-fn layers_of(manifest: &serde_json::Value, what: &str) -> io::Result<Vec<Layer>> {
+pub(crate) fn layers_of(manifest: &serde_json::Value, what: &str) -> io::Result<Vec<Layer>> {
     let list = manifest
         .get("layers")
         .and_then(|l| l.as_array())
@@ -636,10 +641,34 @@ async fn fetch_blob_retried(c: &Client, l: &Layer, path: &Path) -> io::Result<u6
     Err(fail(format!("{}: no try left", l.digest)))
 }
 
-/// Pull `reference`'s layers (those `o` selects) into a temporary directory under `tmp`.
-pub fn pull(reference: &str, o: &OciOptions, tmp: &Path) -> io::Result<Pulled> {
-    let r = parse_ref(reference)?;
-    // The blob asked for, as `sha256:` and lower-case hex.
+/// The layers `layer` (an index) or `blob` (a digest) select, else all.
+pub(crate) fn select_layers(
+    layers: Vec<Layer>,
+    layer: Option<usize>,
+    blob: Option<&str>,
+    what: &str,
+) -> io::Result<Vec<Layer>> {
+    if let Some(i) = layer {
+        let n = layers.len();
+        let l = layers
+            .get(i)
+            .cloned()
+            .ok_or_else(|| bad(format!("{what}: layer {i} asked for, the image has {n}")))?;
+        return Ok(vec![l]);
+    }
+    if let Some(full) = blob {
+        let l = layers
+            .iter()
+            .find(|l| l.digest == full)
+            .cloned()
+            .ok_or_else(|| bad(format!("{what}: no layer {full}")))?;
+        return Ok(vec![l]);
+    }
+    Ok(layers)
+}
+
+/// The blob digest `o` asks for, as `sha256:` and lower-case hex.
+fn wanted_blob(o: &OciOptions) -> io::Result<Option<String>> {
     let blob = match &o.blob {
         Some(b) => {
             let b = b.to_ascii_lowercase();
@@ -660,6 +689,20 @@ pub fn pull(reference: &str, o: &OciOptions, tmp: &Path) -> io::Result<Pulled> {
             "a layer index and a blob digest cannot be given together".into(),
         ));
     }
+    Ok(blob)
+}
+
+/// Pull `reference`'s layers (those `o` selects) into a temporary directory under `tmp`.
+/// Besides a registry's `[REGISTRY/]NAME[:TAG|@DIGEST]`, the reference may name an
+/// image on disk, as skopeo spells them: `oci:DIR[:REF]` (an OCI image layout
+/// directory, its layers read in place), `oci-archive:FILE[:REF]` (a tar of one) and
+/// `docker-archive:FILE` (`docker save`'s output).
+pub fn pull(reference: &str, o: &OciOptions, tmp: &Path) -> io::Result<Pulled> {
+    let blob = wanted_blob(o)?;
+    if let Some(p) = crate::oci_local::pull_local(reference, o, blob.as_deref(), tmp)? {
+        return Ok(p);
+    }
+    let r = parse_ref(reference)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("ferofs-oci")
@@ -705,23 +748,7 @@ pub fn pull(reference: &str, o: &OciOptions, tmp: &Path) -> io::Result<Pulled> {
                 return Err(fail(format!("{what}: an index inside an index")));
             }
         }
-        let mut layers = layers_of(&v, &what)?;
-        if let Some(i) = o.layer {
-            let n = layers.len();
-            let l = layers
-                .get(i)
-                .cloned()
-                .ok_or_else(|| bad(format!("{what}: layer {i} asked for, the image has {n}")))?;
-            layers = vec![l];
-        }
-        if let Some(full) = &blob {
-            let l = layers
-                .iter()
-                .find(|l| &l.digest == full)
-                .cloned()
-                .ok_or_else(|| bad(format!("{what}: no layer {full}")))?;
-            layers = vec![l];
-        }
+        let layers = select_layers(layers_of(&v, &what)?, o.layer, blob.as_deref(), &what)?;
         let dir = tempfile::Builder::new()
             .prefix(".ferofs-oci-")
             .tempdir_in(tmp)
@@ -752,7 +779,7 @@ pub fn pull(reference: &str, o: &OciOptions, tmp: &Path) -> io::Result<Pulled> {
             layers: paths,
             manifest_digest: digest,
             bytes,
-            _dir: dir,
+            _dir: Some(dir),
         })
     })
 }

@@ -890,7 +890,17 @@ fn pull_oci(a: &BuildArgs, reference: &str) -> Result<ferofs_remote::oci::Pulled
         ..Default::default()
     };
     let t = Instant::now();
-    let p = ferofs_remote::oci::pull(reference, &o, &dir)
+    let mut o = o;
+    let view = (!a.quiet && std::io::stderr().is_terminal()).then(|| {
+        let p = Arc::new(ferofs_remote::oci::PullProgress::default());
+        o.progress = Some(p.clone());
+        crate::report::PullView::start(p, reference.to_string())
+    });
+    let p = ferofs_remote::oci::pull(reference, &o, &dir);
+    if let Some(v) = view {
+        v.finish();
+    }
+    let p = p
         .with_context(|| format!("pulling {reference}"))?;
     if !a.quiet {
         eprintln!(

@@ -80,6 +80,50 @@ impl ProgressView {
     }
 }
 
+/// A download bar for `ferofs build --oci` (on a terminal): bytes of the layers done of
+/// their total, rate and ETA, drawn until [`PullView::finish`].
+pub struct PullView {
+    stop: mpsc::Sender<()>,
+    thread: JoinHandle<()>,
+}
+
+impl PullView {
+    pub fn start(p: Arc<ferofs_remote::oci::PullProgress>, what: String) -> Self {
+        use std::sync::atomic::Ordering;
+        let (stop, rx) = mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{msg} [{wide_bar}] {binary_bytes}/{binary_total_bytes} \
+                     {binary_bytes_per_sec} ETA {eta}",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            bar.set_message(format!("pulling {what}"));
+            // Bounded: ends when the sender says stop or is dropped.
+            loop {
+                let total = p.total.load(Ordering::Relaxed);
+                if total > 0 {
+                    bar.set_length(total);
+                    bar.set_position(p.done.load(Ordering::Relaxed).min(total));
+                }
+                match rx.recv_timeout(POLL) {
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
+                }
+            }
+            bar.finish_and_clear();
+        });
+        PullView { stop, thread }
+    }
+
+    pub fn finish(self) {
+        let _ = self.stop.send(());
+        let _ = self.thread.join();
+    }
+}
+
 /// The process's peak resident set size in bytes (`VmHWM` of /proc/self/status).
 pub fn peak_rss_bytes() -> Option<u64> {
     parse_vmhwm(&std::fs::read_to_string("/proc/self/status").ok()?)

@@ -19,6 +19,8 @@ use futures::StreamExt;
 use sha2::{Digest, Sha256};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Largest manifest, index or token answer read.
@@ -55,6 +57,16 @@ pub struct OciOptions {
     /// Time limit of a manifest or token request as a whole, and of each read of a
     /// blob (a layer of gigabytes may take longer than this in all).
     pub timeout: Duration,
+    /// Counters a progress display reads while the layers download.
+    pub progress: Option<Arc<PullProgress>>,
+}
+
+/// Bytes of the layers to download and downloaded so far (a try that fails takes its
+/// bytes back out).
+#[derive(Debug, Default)]
+pub struct PullProgress {
+    pub total: AtomicU64,
+    pub done: AtomicU64,
 }
 
 impl Default for OciOptions {
@@ -67,6 +79,7 @@ impl Default for OciOptions {
             password: None,
             insecure: false,
             timeout: Duration::from_secs(60),
+            progress: None,
         }
     }
 }
@@ -591,6 +604,11 @@ async fn fetch_blob(c: &Client, l: &Layer, path: &Path) -> Result<u64, Fetch> {
     let mut f = std::io::BufWriter::with_capacity(1 << 20, file);
     let mut h = Sha256::new();
     let mut got = 0u64;
+    let mut counted = Counted {
+        p: c.o.progress.as_deref(),
+        n: 0,
+        keep: false,
+    };
     let mut s = resp.bytes_stream();
     // Bounded: the stream is cut off once it passes the descriptor's size.
     while let Some(chunk) = s.next().await {
@@ -604,6 +622,7 @@ async fn fetch_blob(c: &Client, l: &Layer, path: &Path) -> Result<u64, Fetch> {
         }
         h.update(&chunk);
         f.write_all(&chunk).map_err(Fetch::Stop)?;
+        counted.add(chunk.len() as u64);
     }
     if got != l.size {
         return Err(Fetch::Again(fail(format!(
@@ -619,7 +638,33 @@ async fn fetch_blob(c: &Client, l: &Layer, path: &Path) -> Result<u64, Fetch> {
         ))));
     }
     f.flush().map_err(Fetch::Stop)?;
+    counted.keep = true;
     Ok(got)
+}
+
+/// Bytes one download try added to the progress counter; taken back out unless the
+/// try succeeded.
+struct Counted<'a> {
+    p: Option<&'a PullProgress>,
+    n: u64,
+    keep: bool,
+}
+
+impl Counted<'_> {
+    fn add(&mut self, k: u64) {
+        if let Some(p) = self.p {
+            p.done.fetch_add(k, Ordering::Relaxed);
+            self.n += k;
+        }
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        if let (false, Some(p)) = (self.keep, self.p) {
+            p.done.fetch_sub(self.n, Ordering::Relaxed);
+        }
+    }
 }
 
 /// [`fetch_blob`], tried up to [`TRIES`] times (1 s, then 2 s apart) while it fails in
@@ -749,6 +794,10 @@ pub fn pull(reference: &str, o: &OciOptions, tmp: &Path) -> io::Result<Pulled> {
             }
         }
         let layers = select_layers(layers_of(&v, &what)?, o.layer, blob.as_deref(), &what)?;
+        if let Some(p) = &o.progress {
+            let total = layers.iter().fold(0u64, |t, l| t.saturating_add(l.size));
+            p.total.store(total, Ordering::Relaxed);
+        }
         let dir = tempfile::Builder::new()
             .prefix(".ferofs-oci-")
             .tempdir_in(tmp)

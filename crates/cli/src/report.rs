@@ -93,20 +93,32 @@ impl PullView {
         let (stop, rx) = mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {
             let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+            // A spinner while the manifests are resolved, then the bar.
             bar.set_style(
-                ProgressStyle::with_template(
-                    "{msg} [{wide_bar}] {binary_bytes}/{binary_total_bytes} \
-                     {binary_bytes_per_sec} ETA {eta}",
-                )
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+                ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
             );
-            bar.set_message(format!("pulling {what}"));
+            bar.set_message(format!("resolving {what}"));
+            let mut sized = false;
             // Bounded: ends when the sender says stop or is dropped.
             loop {
                 let total = p.total.load(Ordering::Relaxed);
                 if total > 0 {
-                    bar.set_length(total);
+                    if !sized {
+                        sized = true;
+                        bar.set_style(
+                            ProgressStyle::with_template(
+                                "{msg} [{wide_bar}] {binary_bytes}/{binary_total_bytes} \
+                                 {binary_bytes_per_sec} ETA {eta}",
+                            )
+                            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+                        );
+                        bar.set_message(format!("pulling {what}"));
+                        bar.set_length(total);
+                    }
                     bar.set_position(p.done.load(Ordering::Relaxed).min(total));
+                } else {
+                    bar.tick();
                 }
                 match rx.recv_timeout(POLL) {
                     Err(RecvTimeoutError::Timeout) => {}

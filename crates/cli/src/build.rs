@@ -1,6 +1,6 @@
 //! `build`: flags -> validated `BuildOptions`, then the builder library.
 
-use crate::report::{peak_rss_bytes, ProgressView, Summary};
+use crate::report::{peak_rss_bytes, BarView, Summary};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use ferofs_builder::{
@@ -894,14 +894,13 @@ fn pull_oci(a: &BuildArgs, reference: &str) -> Result<ferofs_remote::oci::Pulled
     let view = (!a.quiet && std::io::stderr().is_terminal()).then(|| {
         let p = Arc::new(ferofs_remote::oci::PullProgress::default());
         o.progress = Some(p.clone());
-        crate::report::PullView::start(p, reference.to_string())
+        BarView::pull(p, reference.to_string())
     });
     let p = ferofs_remote::oci::pull(reference, &o, &dir);
     if let Some(v) = view {
         v.finish();
     }
-    let p = p
-        .with_context(|| format!("pulling {reference}"))?;
+    let p = p.with_context(|| format!("pulling {reference}"))?;
     if !a.quiet {
         eprintln!(
             "pulled {reference} ({}, manifest {}): {} layer(s), {} bytes in {:.1} s",
@@ -963,7 +962,7 @@ pub fn run(mut a: BuildArgs) -> Result<()> {
     let view = (!a.quiet && std::io::stderr().is_terminal()).then(|| {
         let p = Arc::new(Progress::new());
         opts.progress = Some(p.clone());
-        ProgressView::start(p)
+        BarView::build(p)
     });
     let (source, image) = match (a.tar.is_empty(), a.paths.as_slice()) {
         (true, [s, i]) => (s.display().to_string(), i.clone()),

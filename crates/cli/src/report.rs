@@ -15,53 +15,38 @@ use std::time::Duration;
 /// How often the bar takes the builder's counters.
 const POLL: Duration = Duration::from_millis(100);
 
-/// A progress bar on stderr fed from the builder's [`Progress`] by a thread of its own.
-pub struct ProgressView {
+/// A bar on stderr that a thread of its own redraws every [`POLL`] from counters
+/// (the caller checked that stderr is a terminal), until [`BarView::finish`].
+pub struct BarView {
     stop: mpsc::Sender<()>,
     thread: JoinHandle<()>,
 }
 
-impl ProgressView {
-    /// Start drawing `p` on stderr (the caller checked that stderr is a terminal).
-    pub fn start(p: Arc<Progress>) -> Self {
+/// The spinner a bar shows until it knows its total.
+fn spinner_style() -> ProgressStyle {
+    ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+        .unwrap_or_else(|_| ProgressStyle::default_spinner())
+}
+
+/// Bytes done of a total, rate and ETA.
+fn bytes_style(msg: &str) -> ProgressStyle {
+    ProgressStyle::with_template(&format!(
+        "{msg} [{{wide_bar}}] {{binary_bytes}}/{{binary_total_bytes}} \
+         {{binary_bytes_per_sec}} ETA {{eta}}"
+    ))
+    .unwrap_or_else(|_| ProgressStyle::default_bar())
+}
+
+impl BarView {
+    /// Start the thread: `draw` updates the bar from the counters at every poll.
+    fn start(mut draw: impl FnMut(&ProgressBar) + Send + 'static) -> Self {
         let (stop, rx) = mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {
             let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-            bar.set_style(
-                ProgressStyle::with_template("{spinner} {msg} {elapsed}")
-                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-            );
-            bar.set_message("scanning");
-            let mut sized = false;
+            bar.set_style(spinner_style());
             // Bounded: ends when the sender says stop or is dropped.
             loop {
-                let total = p.total();
-                if total > 0 {
-                    if !sized {
-                        sized = true;
-                        bar.set_message("data");
-                        bar.set_length(total);
-                        bar.set_style(
-                            ProgressStyle::with_template(
-                                "{msg:9} [{wide_bar}] {binary_bytes}/{binary_total_bytes} \
-                                 {binary_bytes_per_sec} ETA {eta}",
-                            )
-                            .unwrap_or_else(|_| ProgressStyle::default_bar())
-                            .progress_chars("=> "),
-                        );
-                    }
-                    let done = p.done();
-                    bar.set_position(done);
-                    if done >= total {
-                        bar.set_message("metadata");
-                    }
-                } else {
-                    let s = p.scanned();
-                    if s > 0 {
-                        bar.set_message(format!("scanning {}", BinaryBytes(s)));
-                    }
-                    bar.tick();
-                }
+                draw(&bar);
                 match rx.recv_timeout(POLL) {
                     Err(RecvTimeoutError::Timeout) => {}
                     Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
@@ -69,69 +54,65 @@ impl ProgressView {
             }
             bar.finish_and_clear();
         });
-        ProgressView { stop, thread }
+        BarView { stop, thread }
+    }
+
+    /// The builder's [`Progress`]: scanning, then data bytes, then metadata.
+    pub fn build(p: Arc<Progress>) -> Self {
+        let mut sized = false;
+        Self::start(move |bar| {
+            let total = p.total();
+            if total > 0 {
+                if !sized {
+                    sized = true;
+                    bar.set_length(total);
+                    bar.set_message("data");
+                    bar.set_style(bytes_style("{msg:9}").progress_chars("=> "));
+                }
+                let done = p.done();
+                bar.set_position(done);
+                if done >= total {
+                    bar.set_message("metadata");
+                }
+            } else {
+                let s = p.scanned();
+                bar.set_message(if s > 0 {
+                    format!("scanning {}", BinaryBytes(s))
+                } else {
+                    "scanning".to_string()
+                });
+                bar.tick();
+            }
+        })
+    }
+
+    /// `ferofs build --oci`'s download: resolving the manifests, then the layers'
+    /// bytes done of their total.
+    pub fn pull(p: Arc<ferofs_remote::oci::PullProgress>, what: String) -> Self {
+        use std::sync::atomic::Ordering;
+        let mut sized = false;
+        Self::start(move |bar| {
+            let total = p.total.load(Ordering::Relaxed);
+            if total == 0 {
+                bar.set_message(format!("resolving {what}"));
+                bar.tick();
+                return;
+            }
+            if !sized {
+                sized = true;
+                bar.set_length(total);
+                bar.set_position(p.done.load(Ordering::Relaxed).min(total));
+                bar.set_message(format!("pulling {what}"));
+                bar.set_style(bytes_style("{msg}"));
+            }
+            bar.set_position(p.done.load(Ordering::Relaxed).min(total));
+        })
     }
 
     /// Remove the bar from the terminal (before anything else is printed).
     pub fn finish(self) {
         let _ = self.stop.send(());
         // A panic in the drawing thread only loses the bar.
-        let _ = self.thread.join();
-    }
-}
-
-/// A download bar for `ferofs build --oci` (on a terminal): bytes of the layers done of
-/// their total, rate and ETA, drawn until [`PullView::finish`].
-pub struct PullView {
-    stop: mpsc::Sender<()>,
-    thread: JoinHandle<()>,
-}
-
-impl PullView {
-    pub fn start(p: Arc<ferofs_remote::oci::PullProgress>, what: String) -> Self {
-        use std::sync::atomic::Ordering;
-        let (stop, rx) = mpsc::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-            // A spinner while the manifests are resolved, then the bar.
-            bar.set_style(
-                ProgressStyle::with_template("{spinner} {msg} {elapsed}")
-                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-            );
-            bar.set_message(format!("resolving {what}"));
-            let mut sized = false;
-            // Bounded: ends when the sender says stop or is dropped.
-            loop {
-                let total = p.total.load(Ordering::Relaxed);
-                if total > 0 {
-                    if !sized {
-                        sized = true;
-                        bar.set_style(
-                            ProgressStyle::with_template(
-                                "{msg} [{wide_bar}] {binary_bytes}/{binary_total_bytes} \
-                                 {binary_bytes_per_sec} ETA {eta}",
-                            )
-                            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-                        );
-                        bar.set_message(format!("pulling {what}"));
-                        bar.set_length(total);
-                    }
-                    bar.set_position(p.done.load(Ordering::Relaxed).min(total));
-                } else {
-                    bar.tick();
-                }
-                match rx.recv_timeout(POLL) {
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
-                }
-            }
-            bar.finish_and_clear();
-        });
-        PullView { stop, thread }
-    }
-
-    pub fn finish(self) {
-        let _ = self.stop.send(());
         let _ = self.thread.join();
     }
 }

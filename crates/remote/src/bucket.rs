@@ -68,14 +68,7 @@ impl S3Bucket {
         } else {
             o.timeout
         };
-        let endpoint = o.endpoint.clone().or_else(|| {
-            ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
-                .iter()
-                .find_map(|k| std::env::var(k).ok())
-        });
-        let plain = endpoint
-            .as_deref()
-            .is_some_and(|e| e.to_ascii_lowercase().starts_with("http://"));
+        let (endpoint, plain) = crate::s3_endpoint(o.endpoint.clone());
         let client = ClientOptions::new()
             .with_timeout(timeout)
             .with_connect_timeout(timeout.min(Duration::from_secs(10)))

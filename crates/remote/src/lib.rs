@@ -174,6 +174,21 @@ fn other(msg: String) -> io::Error {
 }
 
 /// An object_store error as an io::Error with the URL in it.
+/// The S3 endpoint: the one given, else the `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`
+/// or `AWS_ENDPOINT` environment variable; and whether it is plain HTTP (given as
+/// `http://` on purpose: a local MinIO).
+fn s3_endpoint(given: Option<String>) -> (Option<String>, bool) {
+    let endpoint = given.or_else(|| {
+        ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
+            .iter()
+            .find_map(|k| std::env::var(k).ok())
+    });
+    let plain = endpoint
+        .as_deref()
+        .is_some_and(|e| e.to_ascii_lowercase().starts_with("http://"));
+    (endpoint, plain)
+}
+
 fn store_err(url: &str, e: object_store::Error) -> io::Error {
     use object_store::Error as E;
     match e {
@@ -246,15 +261,7 @@ impl Remote {
                 let mut b = AmazonS3Builder::from_env()
                     .with_bucket_name(bucket)
                     .with_retry(retry);
-                let endpoint = o.s3_endpoint.clone().or_else(|| {
-                    ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
-                        .iter()
-                        .find_map(|k| std::env::var(k).ok())
-                });
-                // An endpoint given as http:// is plain HTTP on purpose (a local MinIO).
-                let plain = endpoint
-                    .as_deref()
-                    .is_some_and(|e| e.to_ascii_lowercase().starts_with("http://"));
+                let (endpoint, plain) = s3_endpoint(o.s3_endpoint.clone());
                 let mut client = client;
                 if plain {
                     client = client.with_allow_http(true);

@@ -798,15 +798,7 @@ pub fn pull(reference: &str, o: &OciOptions, tmp: &Path) -> io::Result<Pulled> {
             let total = layers.iter().fold(0u64, |t, l| t.saturating_add(l.size));
             p.total.store(total, Ordering::Relaxed);
         }
-        let dir = tempfile::Builder::new()
-            .prefix(".ferofs-oci-")
-            .tempdir_in(tmp)
-            .map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("a temporary directory in {}: {e}", tmp.display()),
-                )
-            })?;
+        let dir = crate::oci_local::tempdir(tmp)?;
         let paths: Vec<PathBuf> = (0..layers.len())
             .map(|i| dir.path().join(format!("layer-{i:04}")))
             .collect();

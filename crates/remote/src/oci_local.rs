@@ -52,7 +52,8 @@ fn split_ref(s: &str) -> (&str, Option<&str>) {
     }
 }
 
-fn tempdir(tmp: &Path) -> io::Result<tempfile::TempDir> {
+/// A temporary directory under `tmp` for an image's layers (removed when dropped).
+pub(crate) fn tempdir(tmp: &Path) -> io::Result<tempfile::TempDir> {
     tempfile::Builder::new()
         .prefix(".ferofs-oci-")
         .tempdir_in(tmp)

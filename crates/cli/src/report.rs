@@ -38,12 +38,14 @@ fn bytes_style(msg: &str) -> ProgressStyle {
 }
 
 impl BarView {
-    /// Start the thread: `draw` updates the bar from the counters at every poll.
-    fn start(mut draw: impl FnMut(&ProgressBar) + Send + 'static) -> Self {
+    /// Start the thread: a spinner with `first` at once, then `draw` updates the bar
+    /// from the counters at every poll.
+    fn start(first: String, mut draw: impl FnMut(&ProgressBar) + Send + 'static) -> Self {
         let (stop, rx) = mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {
             let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
             bar.set_style(spinner_style());
+            bar.set_message(first);
             // Bounded: ends when the sender says stop or is dropped.
             loop {
                 draw(&bar);
@@ -60,7 +62,7 @@ impl BarView {
     /// The builder's [`Progress`]: scanning, then data bytes, then metadata.
     pub fn build(p: Arc<Progress>) -> Self {
         let mut sized = false;
-        Self::start(move |bar| {
+        Self::start("scanning".to_string(), move |bar| {
             let total = p.total();
             if total > 0 {
                 if !sized {
@@ -76,11 +78,9 @@ impl BarView {
                 }
             } else {
                 let s = p.scanned();
-                bar.set_message(if s > 0 {
-                    format!("scanning {}", BinaryBytes(s))
-                } else {
-                    "scanning".to_string()
-                });
+                if s > 0 {
+                    bar.set_message(format!("scanning {}", BinaryBytes(s)));
+                }
                 bar.tick();
             }
         })
@@ -91,10 +91,9 @@ impl BarView {
     pub fn pull(p: Arc<ferofs_remote::oci::PullProgress>, what: String) -> Self {
         use std::sync::atomic::Ordering;
         let mut sized = false;
-        Self::start(move |bar| {
+        Self::start(format!("resolving {what}"), move |bar| {
             let total = p.total.load(Ordering::Relaxed);
             if total == 0 {
-                bar.set_message(format!("resolving {what}"));
                 bar.tick();
                 return;
             }

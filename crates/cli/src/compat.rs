@@ -1139,6 +1139,9 @@ pub fn fsck_to_ferofs(args: &[OsString]) -> Result<Vec<OsString>> {
                 ("no-preserve-perms", None) => {
                     bail!("fsck.erofs: --no-preserve-perms is not implemented by ferofs")
                 }
+                // ferofs check verifies every content fingerprint an image records
+                // (`--xattr-inode-digest` images) whenever it has them.
+                ("xattr-inode-digest", None) => {}
                 ("overwrite", None) => overwrite = true,
                 ("preserve-owner", None) => owner = true,
                 ("no-preserve", None) | ("no-preserve-owner", None) => owner = false,
@@ -1325,6 +1328,7 @@ pub fn dump_to_ferofs(args: &[OsString]) -> Result<Vec<Vec<OsString>>> {
     let mut path = None::<String>;
     let mut nid = None::<String>;
     let mut offset = None::<String>;
+    let mut udev = false;
     for a in split_args(args, &[]) {
         match a {
             Arg::Pos(p) => pos.push(p),
@@ -1339,6 +1343,7 @@ pub fn dump_to_ferofs(args: &[OsString]) -> Result<Vec<Vec<OsString>>> {
                 ("path", Some(p)) => path = Some(p),
                 ("nid", Some(n)) => nid = Some(n),
                 ("offset", Some(o)) => offset = Some(o),
+                ("blkid-udev", None) => udev = true,
                 ("version", None) => return Ok(vec![vec!["--version".into()]]),
                 ("help", None) => return Ok(vec![vec!["inspect".into(), "--help".into()]]),
                 (n, _) => bail!("dump.erofs: option --{n} is not implemented by ferofs"),
@@ -1346,6 +1351,14 @@ pub fn dump_to_ferofs(args: &[OsString]) -> Result<Vec<Vec<OsString>>> {
         }
     }
     let image = one_image("dump.erofs", pos)?;
+    if udev {
+        // dump.erofs prints these and nothing else.
+        let mut c: Vec<OsString> = vec!["inspect".into(), "--udev".into(), image];
+        if let Some(o) = offset {
+            c.extend(["--offset".into(), o.into()]);
+        }
+        return Ok(vec![c]);
+    }
     let mut cmds: Vec<Vec<OsString>> = Vec::new();
     if sb || (path.is_none() && nid.is_none()) {
         cmds.push(vec!["inspect".into(), image.clone()]);

@@ -54,6 +54,81 @@ struct Counts {
     xattrs: u64,
 }
 
+/// udev's properties of the filesystem on `image` (what `blkid -o udev` and dump.erofs
+/// `--blkid-udev` print): type, usage, UUID and, when the image has one, the label,
+/// raw with unsafe characters as `_` and encoded with `\xNN` escapes as blkid does.
+pub fn udev(image: &Path) -> Result<()> {
+    let img = open(image)?;
+    let sb = img.superblock();
+    print!("{}", udev_lines(&uuid_string(&sb.uuid), &sb.volume_name));
+    Ok(())
+}
+
+fn udev_lines(uuid: &str, label: &[u8]) -> String {
+    let mut out = format!(
+        "ID_FS_UUID={uuid}\nID_FS_UUID_ENC={uuid}\nID_FS_TYPE=erofs\nID_FS_USAGE=filesystem\n"
+    );
+    let label: &[u8] = label.split(|&b| b == 0).next().unwrap_or(&[]);
+    if label.is_empty() {
+        return out;
+    }
+    // As blkid: the raw value with whitespace, control characters and bytes that are
+    // not UTF-8 as `_`; the encoded one with every byte outside [A-Za-z0-9#+-.:=@_]
+    // and outside a multibyte UTF-8 character as `\xNN`.
+    let (mut raw, mut enc) = (String::new(), String::new());
+    for chunk in label.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            raw.push(if c.is_whitespace() || c.is_control() {
+                '_'
+            } else {
+                c
+            });
+            if c.is_ascii_alphanumeric() || "#+-.:=@_".contains(c) || !c.is_ascii() {
+                enc.push(c);
+            } else {
+                enc.push_str(&format!("\\x{:02x}", c as u32));
+            }
+        }
+        for b in chunk.invalid() {
+            raw.push('_');
+            enc.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out.push_str(&format!("ID_FS_LABEL={raw}\nID_FS_LABEL_ENC={enc}\n"));
+    out
+}
+
+#[cfg(test)]
+mod udev_tests {
+    #[test]
+    fn lines_as_blkid_prints_them() {
+        let u = "3c9764b4-1a88-4e1f-8dfc-f4d3f73bc8d0";
+        assert_eq!(
+            super::udev_lines(u, &[0; 16]),
+            format!(
+                "ID_FS_UUID={u}\nID_FS_UUID_ENC={u}\nID_FS_TYPE=erofs\nID_FS_USAGE=filesystem\n"
+            )
+        );
+        let l = super::udev_lines(u, b"my disk/1\0\0\0\0\0\0\0");
+        assert!(
+            l.ends_with("ID_FS_LABEL=my_disk/1\nID_FS_LABEL_ENC=my\\x20disk\\x2f1\n"),
+            "{l}"
+        );
+        let l = super::udev_lines(u, "d\u{e9}j\u{e0}\t\u{ff}".as_bytes());
+        assert!(
+            l.ends_with(
+                "ID_FS_LABEL=d\u{e9}j\u{e0}_\u{ff}\nID_FS_LABEL_ENC=d\u{e9}j\u{e0}\\x09\u{ff}\n"
+            ),
+            "{l}"
+        );
+        let l = super::udev_lines(u, b"a\xffb");
+        assert!(
+            l.ends_with("ID_FS_LABEL=a_b\nID_FS_LABEL_ENC=a\\xffb\n"),
+            "{l}"
+        );
+    }
+}
+
 pub fn inspect(image: &Path, json_out: bool) -> Result<()> {
     let img = open(image)?;
     let sb = img.superblock().clone();

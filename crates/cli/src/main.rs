@@ -98,6 +98,11 @@ enum Cmd {
         image: PathBuf,
         #[arg(long)]
         json: bool,
+        /// Print udev's block device properties only (`ID_FS_TYPE=erofs`,
+        /// `ID_FS_UUID`, `ID_FS_LABEL`, ...; as dump.erofs's `--blkid-udev`), for
+        /// `IMPORT{program}` in udev rules; reads the superblock alone.
+        #[arg(long, conflicts_with = "json")]
+        udev: bool,
     },
 }
 
@@ -121,7 +126,10 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::Export(a) => export::run(a),
         Cmd::Diff(_) => unreachable_diff(),
         Cmd::Check(_) => unreachable_diff(),
-        Cmd::Inspect { image, json } => inspect::inspect(&image, json),
+        Cmd::Inspect {
+            image, udev: true, ..
+        } => inspect::udev(&image),
+        Cmd::Inspect { image, json, .. } => inspect::inspect(&image, json),
         Cmd::Mount(a) => mount::run(a),
     }
 }

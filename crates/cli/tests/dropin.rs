@@ -429,3 +429,46 @@ fn fsck_and_dump_command_lines() {
         "{text}"
     );
 }
+
+/// `dump.erofs --blkid-udev` (and `ferofs inspect --udev`): the udev properties, with
+/// the label as blkid writes it, and the same values `blkid -o udev` gives.
+#[test]
+fn dump_blkid_udev() {
+    let d = scratch("dropin-udev");
+    let src = d.path().join("src");
+    tree(&src);
+    let img = d.path().join("a.erofs");
+    build(&src, &img, &["-L", "my disk/1"]);
+    let uuid = json(&ok(&[&"inspect", &"--json", &img]))["uuid"]
+        .as_str()
+        .expect("uuid")
+        .to_string();
+    let dump = tool_symlink(d.path(), "dump.erofs");
+    let out = Command::new(&dump)
+        .arg("--blkid-udev")
+        .arg(&img)
+        .output()
+        .expect("dump --blkid-udev");
+    assert!(out.status.success());
+    let want = format!(
+        "ID_FS_UUID={uuid}\nID_FS_UUID_ENC={uuid}\nID_FS_TYPE=erofs\nID_FS_USAGE=filesystem\n\
+         ID_FS_LABEL=my_disk/1\nID_FS_LABEL_ENC=my\\x20disk\\x2f1\n"
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), want);
+    assert_eq!(ok(&[&"inspect", &"--udev", &img]), want);
+    // util-linux's blkid, when there is one, reads the same values.
+    if let Some(blkid) = tool("blkid") {
+        let b = Command::new(blkid)
+            .args(["-p", "-o", "udev"])
+            .arg(&img)
+            .output()
+            .expect("blkid");
+        let theirs = String::from_utf8_lossy(&b.stdout);
+        for line in want.lines() {
+            assert!(
+                theirs.lines().any(|l| l == line),
+                "blkid lacks {line:?}: {theirs}"
+            );
+        }
+    }
+}

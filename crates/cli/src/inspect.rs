@@ -98,37 +98,6 @@ fn udev_lines(uuid: &str, label: &[u8]) -> String {
     out
 }
 
-#[cfg(test)]
-mod udev_tests {
-    #[test]
-    fn lines_as_blkid_prints_them() {
-        let u = "3c9764b4-1a88-4e1f-8dfc-f4d3f73bc8d0";
-        assert_eq!(
-            super::udev_lines(u, &[0; 16]),
-            format!(
-                "ID_FS_UUID={u}\nID_FS_UUID_ENC={u}\nID_FS_TYPE=erofs\nID_FS_USAGE=filesystem\n"
-            )
-        );
-        let l = super::udev_lines(u, b"my disk/1\0\0\0\0\0\0\0");
-        assert!(
-            l.ends_with("ID_FS_LABEL=my_disk/1\nID_FS_LABEL_ENC=my\\x20disk\\x2f1\n"),
-            "{l}"
-        );
-        let l = super::udev_lines(u, "d\u{e9}j\u{e0}\t\u{ff}".as_bytes());
-        assert!(
-            l.ends_with(
-                "ID_FS_LABEL=d\u{e9}j\u{e0}_\u{ff}\nID_FS_LABEL_ENC=d\u{e9}j\u{e0}\\x09\u{ff}\n"
-            ),
-            "{l}"
-        );
-        let l = super::udev_lines(u, b"a\xffb");
-        assert!(
-            l.ends_with("ID_FS_LABEL=a_b\nID_FS_LABEL_ENC=a\\xffb\n"),
-            "{l}"
-        );
-    }
-}
-
 pub fn inspect(image: &Path, json_out: bool) -> Result<()> {
     let img = open(image)?;
     let sb = img.superblock().clone();
@@ -275,4 +244,35 @@ pub fn inspect(image: &Path, json_out: bool) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod udev_tests {
+    #[test]
+    fn lines_as_blkid_prints_them() {
+        let u = "3c9764b4-1a88-4e1f-8dfc-f4d3f73bc8d0";
+        assert_eq!(
+            super::udev_lines(u, &[0; 16]),
+            format!(
+                "ID_FS_UUID={u}\nID_FS_UUID_ENC={u}\nID_FS_TYPE=erofs\nID_FS_USAGE=filesystem\n"
+            )
+        );
+        let l = super::udev_lines(u, b"my disk/1\0\0\0\0\0\0\0");
+        assert!(
+            l.ends_with("ID_FS_LABEL=my_disk/1\nID_FS_LABEL_ENC=my\\x20disk\\x2f1\n"),
+            "{l}"
+        );
+        let l = super::udev_lines(u, "d\u{e9}j\u{e0}\t\u{ff}".as_bytes());
+        assert!(
+            l.ends_with(
+                "ID_FS_LABEL=d\u{e9}j\u{e0}_\u{ff}\nID_FS_LABEL_ENC=d\u{e9}j\u{e0}\\x09\u{ff}\n"
+            ),
+            "{l}"
+        );
+        let l = super::udev_lines(u, b"a\xffb");
+        assert!(
+            l.ends_with("ID_FS_LABEL=a_b\nID_FS_LABEL_ENC=a\\xffb\n"),
+            "{l}"
+        );
+    }
 }

@@ -390,7 +390,8 @@ fn oci_pull_builds_what_the_tar_stack_builds() {
     }
 
     // mkfs.erofs's command line: `--oci[=f][,platform=...]` and the reference as SOURCE.
-    // Its first two blob requests fail with 503: the downloads are tried again.
+    // Its first two blob requests fail with 503 and its first manifest request with
+    // 429: both are tried again.
     let good = Registry::start(
         d.path(),
         "v3",
@@ -401,6 +402,8 @@ fn oci_pull_builds_what_the_tar_stack_builds() {
             &format!("linux/amd64={s2}"),
             "--flaky",
             "2",
+            "--flaky-manifests",
+            "1",
         ],
     );
     let img = out.join("mkfs.erofs");

@@ -3,7 +3,7 @@
 
 usage: oci_registry.py --info FILE --name NAME --tag TAG
                        [--layer PLATFORM=FILE ...] [--auth USER:PASS] [--redirect]
-                       [--corrupt-blob] [--flaky N]
+                       [--corrupt-blob] [--flaky N] [--flaky-manifests N]
        oci_registry.py --name NAME --tag TAG --layer ... --layout DIR
        oci_registry.py --name NAME --tag TAG --layer ... --docker-archive FILE [--docker-legacy]
 
@@ -13,7 +13,8 @@ tar+zstd, else tar), plus an attestation-like entry (platform unknown/unknown). 
 --auth, every /v2/ request needs a bearer token, which /token hands out for the HTTP
 Basic credentials USER:PASS (Docker Hub's flow). With --redirect, blobs answer 307 to
 /cdn/DIGEST (served without auth). With --corrupt-blob, the first byte of every layer
-is flipped as it is served. With --flaky N, the first N blob requests answer 503. Binds 127.0.0.1 on a free port, then writes FILE (JSON:
+is flipped as it is served. With --flaky N, the first N blob requests answer 503;
+with --flaky-manifests N, the first N manifest requests answer 429 (a rate limit). Binds 127.0.0.1 on a free port, then writes FILE (JSON:
 port, manifest digests by platform, layer digests). With --layout or --docker-archive
 it writes the image to disk instead (an OCI layout whose index.json names the image
 index TAG; `docker save`'s archive of the first platform's image) and exits.
@@ -37,6 +38,7 @@ p.add_argument("--auth")
 p.add_argument("--redirect", action="store_true")
 p.add_argument("--corrupt-blob", action="store_true")
 p.add_argument("--flaky", type=int, default=0)
+p.add_argument("--flaky-manifests", type=int, default=0)
 p.add_argument("--layout", help="write an OCI image layout to this directory and exit")
 p.add_argument("--docker-archive", help="write a docker save archive (first platform) and exit")
 p.add_argument("--docker-legacy", action="store_true",
@@ -139,7 +141,7 @@ if args.docker_archive:
             t.addfile(ti, io.BytesIO(members[name]))
     sys.exit(0)
 token = secrets.token_hex(16)
-flaky = {"left": args.flaky}
+flaky = {"left": args.flaky, "manifests": args.flaky_manifests}
 flaky_lock = threading.Lock()
 
 
@@ -189,6 +191,11 @@ class H(BaseHTTPRequestHandler):
             return self.send(404)
         kind, _, ref = path[len(prefix):].partition("/")
         if kind == "manifests":
+            with flaky_lock:
+                busy = flaky["manifests"] > 0
+                flaky["manifests"] -= busy
+            if busy:
+                return self.send(429, b"slow down")
             d = tags.get(ref, ref)
             if d not in blobs:
                 return self.send(404)

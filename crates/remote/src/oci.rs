@@ -346,8 +346,32 @@ impl Client {
     }
 
     /// GET `url`, answering one authentication challenge.
+    /// [`Client::send`], tried up to [`TRIES`] times (1 s, then 2 s apart) while the
+    /// connection fails or the answer is a 5xx or 429 (a registry's rate limit); the
+    /// last answer or error is returned.
+    async fn send_retried(&self, url: &str, accept: &str) -> io::Result<reqwest::Response> {
+        let mut wait = Duration::from_secs(1);
+        // Bounded: TRIES turns.
+        for t in 1..=TRIES {
+            let r = self.send(url, accept).await;
+            let again = match &r {
+                Ok(resp) => {
+                    let st = resp.status();
+                    st.is_server_error() || st == reqwest::StatusCode::TOO_MANY_REQUESTS
+                }
+                Err(_) => true,
+            };
+            if !again || t == TRIES {
+                return r;
+            }
+            tokio::time::sleep(wait).await;
+            wait *= 2;
+        }
+        Err(fail(format!("GET {url}: no try left")))
+    }
+
     async fn get(&mut self, url: &str, accept: &str) -> io::Result<reqwest::Response> {
-        let mut resp = self.send(url, accept).await?;
+        let mut resp = self.send_retried(url, accept).await?;
         if resp.status() == reqwest::StatusCode::UNAUTHORIZED && self.token.is_none() && !self.basic
         {
             let challenge = resp
@@ -357,7 +381,7 @@ impl Client {
                 .unwrap_or("")
                 .to_string();
             self.authenticate(&challenge).await?;
-            resp = self.send(url, accept).await?;
+            resp = self.send_retried(url, accept).await?;
         }
         let st = resp.status();
         if !st.is_success() {

@@ -706,6 +706,18 @@ fn stop_on_signals() -> Result<()> {
     Ok(())
 }
 
+/// The directory of the output image, where `--oci` and `--s3` keep what they fetch
+/// (its disk holds the image anyway; /tmp may be a small tmpfs).
+fn beside_image(a: &BuildArgs, option: &str) -> Result<PathBuf> {
+    let [image] = a.paths.as_slice() else {
+        bail!("build {option}: give only the output IMAGE as a path");
+    };
+    Ok(match image.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    })
+}
+
 /// The access key and secret of an s3fs password file (`ACCESS_KEY:SECRET_KEY`).
 fn s3_passwd(path: &std::path::Path) -> Result<(String, String)> {
     use std::os::unix::fs::PermissionsExt;
@@ -756,9 +768,7 @@ fn tar_entry(obj: &ferofs_remote::bucket::S3Object, uid: u32, gid: u32) -> crate
 /// each object a file at its key, a key ending in `/` a directory.
 fn fetch_s3(a: &BuildArgs, spec: &str) -> Result<tempfile::NamedTempFile> {
     use std::io::Write;
-    let [image] = a.paths.as_slice() else {
-        bail!("build --s3: give only the output IMAGE as a path");
-    };
+    let dir = beside_image(a, "--s3")?;
     let spec = spec.trim_start_matches("s3://").trim_start_matches('/');
     let (bucket, prefix) = spec.split_once('/').unwrap_or((spec, ""));
     let ro = crate::source::remote_options()?;
@@ -783,10 +793,6 @@ fn fetch_s3(a: &BuildArgs, spec: &str) -> Result<tempfile::NamedTempFile> {
     let what = format!("s3://{spec}");
     let b = ferofs_remote::bucket::S3Bucket::open(bucket, &o).with_context(|| what.clone())?;
     let objects = b.list(prefix).with_context(|| format!("listing {what}"))?;
-    let dir = match image.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
     let tmp = tempfile::Builder::new()
         .prefix(".ferofs-s3-")
         .suffix(".tar")
@@ -866,13 +872,7 @@ fn fetch_s3(a: &BuildArgs, spec: &str) -> Result<tempfile::NamedTempFile> {
 
 /// Fetch the layers `--oci` names into a temporary directory beside the output image.
 fn pull_oci(a: &BuildArgs, reference: &str) -> Result<ferofs_remote::oci::Pulled> {
-    let [image] = a.paths.as_slice() else {
-        bail!("build --oci: give only the output IMAGE as a path");
-    };
-    let dir = match image.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let dir = beside_image(a, "--oci")?;
     let password = a
         .oci_password
         .clone()

@@ -5,10 +5,7 @@
 
 use crate::{other, store_err};
 use futures::StreamExt;
-use object_store::{
-    aws::AmazonS3Builder, path::Path as ObjPath, BackoffConfig, ClientOptions, ObjectStore,
-    ObjectStoreExt, RetryConfig,
-};
+use object_store::{path::Path as ObjPath, ObjectStore, ObjectStoreExt};
 use std::io::{self, Write};
 use std::time::Duration;
 
@@ -68,28 +65,13 @@ impl S3Bucket {
         } else {
             o.timeout
         };
-        let (endpoint, plain) = crate::s3_endpoint(o.endpoint.clone());
-        let client = ClientOptions::new()
-            .with_timeout(timeout)
-            .with_connect_timeout(timeout.min(Duration::from_secs(10)))
-            .with_allow_http(plain);
-        let retry = RetryConfig {
-            backoff: BackoffConfig {
-                init_backoff: Duration::from_millis(100),
-                max_backoff: Duration::from_secs(2),
-                base: 2.0,
-            },
-            max_retries: 5,
-            retry_timeout: timeout,
-        };
-        let mut b = AmazonS3Builder::from_env()
-            .with_bucket_name(bucket)
-            .with_client_options(client)
-            .with_retry(retry)
-            .with_virtual_hosted_style_request(o.virtual_hosted);
-        if let Some(e) = endpoint {
-            b = b.with_endpoint(e);
-        }
+        let mut b = crate::s3_builder(
+            bucket,
+            o.endpoint.clone(),
+            crate::client_options(timeout),
+            crate::retry_config(5, timeout),
+        )
+        .with_virtual_hosted_style_request(o.virtual_hosted);
         if let Some(k) = &o.access_key {
             b = b.with_access_key_id(k);
         }
@@ -101,11 +83,7 @@ impl S3Bucket {
         }
         let name = format!("s3://{bucket}");
         let store = b.build().map_err(|e| store_err(&name, e))?;
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("ferofs-s3")
-            .enable_all()
-            .build()?;
+        let rt = crate::runtime("ferofs-s3")?;
         Ok(S3Bucket { store, rt, name })
     }
 

@@ -174,11 +174,17 @@ fn other(msg: String) -> io::Error {
 }
 
 /// An object_store error as an io::Error with the URL in it.
-/// The S3 endpoint: the one given, else the `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`
-/// or `AWS_ENDPOINT` environment variable; and whether it is plain HTTP (given as
-/// `http://` on purpose: a local MinIO).
-fn s3_endpoint(given: Option<String>) -> (Option<String>, bool) {
-    let endpoint = given.or_else(|| {
+/// An S3 store's builder for `bucket`: the standard `AWS_*` environment, `client` and
+/// `retry`, and the endpoint given, else the `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`
+/// or `AWS_ENDPOINT` environment variable (given as `http://`, plain HTTP on purpose:
+/// a local MinIO).
+fn s3_builder(
+    bucket: &str,
+    endpoint: Option<String>,
+    client: ClientOptions,
+    retry: RetryConfig,
+) -> AmazonS3Builder {
+    let endpoint = endpoint.or_else(|| {
         ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
             .iter()
             .find_map(|k| std::env::var(k).ok())
@@ -186,7 +192,47 @@ fn s3_endpoint(given: Option<String>) -> (Option<String>, bool) {
     let plain = endpoint
         .as_deref()
         .is_some_and(|e| e.to_ascii_lowercase().starts_with("http://"));
-    (endpoint, plain)
+    let mut b = AmazonS3Builder::from_env()
+        .with_bucket_name(bucket)
+        .with_retry(retry)
+        .with_client_options(if plain {
+            client.with_allow_http(true)
+        } else {
+            client
+        });
+    if let Some(e) = endpoint {
+        b = b.with_endpoint(e);
+    }
+    b
+}
+
+/// Request and connection time limits of the object stores' HTTP client.
+fn client_options(timeout: Duration) -> ClientOptions {
+    ClientOptions::new()
+        .with_timeout(timeout)
+        .with_connect_timeout(timeout.min(Duration::from_secs(10)))
+}
+
+/// Retries with backoff (100 ms doubling to 2 s), within `timeout` in all.
+fn retry_config(max_retries: usize, timeout: Duration) -> RetryConfig {
+    RetryConfig {
+        backoff: BackoffConfig {
+            init_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(2),
+            base: 2.0,
+        },
+        max_retries,
+        retry_timeout: timeout,
+    }
+}
+
+/// The two-thread runtime a blocking API of this crate runs its requests on.
+fn runtime(name: &str) -> io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name(name)
+        .enable_all()
+        .build()
 }
 
 fn store_err(url: &str, e: object_store::Error) -> io::Error {
@@ -222,19 +268,8 @@ impl Remote {
         let parsed = url::Url::parse(url)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{url}: {e}")))?;
         let timeout = o.timeout.max(Duration::from_millis(100));
-        let client = ClientOptions::new()
-            .with_timeout(timeout)
-            .with_connect_timeout(timeout.min(Duration::from_secs(10)))
-            .with_pool_max_idle_per_host(o.parallel);
-        let retry = RetryConfig {
-            backoff: BackoffConfig {
-                init_backoff: Duration::from_millis(100),
-                max_backoff: Duration::from_secs(2),
-                base: 2.0,
-            },
-            max_retries: o.retries,
-            retry_timeout: timeout,
-        };
+        let client = client_options(timeout).with_pool_max_idle_per_host(o.parallel);
+        let retry = retry_config(o.retries, timeout);
         let bad =
             |what: &str| io::Error::new(io::ErrorKind::InvalidInput, format!("{url}: {what}"));
         let (store, path): (Arc<dyn ObjectStore>, ObjPath) = match parsed.scheme() {
@@ -258,19 +293,7 @@ impl Remote {
                 let bucket = parsed.host_str().ok_or_else(|| bad("no bucket"))?;
                 let path = ObjPath::from_url_path(parsed.path())
                     .map_err(|e| bad(&format!("bad key: {e}")))?;
-                let mut b = AmazonS3Builder::from_env()
-                    .with_bucket_name(bucket)
-                    .with_retry(retry);
-                let (endpoint, plain) = s3_endpoint(o.s3_endpoint.clone());
-                let mut client = client;
-                if plain {
-                    client = client.with_allow_http(true);
-                }
-                if let Some(e) = endpoint {
-                    b = b.with_endpoint(e);
-                }
-                let store = b
-                    .with_client_options(client)
+                let store = s3_builder(bucket, o.s3_endpoint.clone(), client, retry)
                     .build()
                     .map_err(|e| store_err(url, e))?;
                 (Arc::new(store), path)
@@ -296,11 +319,7 @@ impl Remote {
         o.parallel = o.parallel.clamp(1, 64);
         o.max_request = o.max_request.max(o.block_size);
         let timeout = o.timeout.max(Duration::from_millis(100));
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("ferofs-remote")
-            .enable_all()
-            .build()?;
+        let rt = runtime("ferofs-remote")?;
         // The whole call is bounded too (the store's own retries stop at `timeout`).
         let limit = 2 * timeout + Duration::from_secs(1);
         let meta = rt

@@ -15,6 +15,7 @@
 //! Bounds: manifests, indexes and token answers at most [`MAX_JSON`] bytes; a blob
 //! exactly the size its descriptor gives; at most [`MAX_LAYERS`] layers.
 
+use crate::disk::hex;
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 use std::io::{self, Write};
@@ -346,28 +347,14 @@ impl Client {
     }
 
     /// GET `url`, answering one authentication challenge.
-    /// [`Client::send`], tried up to [`TRIES`] times (1 s, then 2 s apart) while the
-    /// connection fails or the answer is a 5xx or 429 (a registry's rate limit); the
-    /// last answer or error is returned.
+    /// [`Client::send`], tried again while the connection fails or the answer is
+    /// [`transient`] (see [`with_tries`]); the last answer or error is returned.
     async fn send_retried(&self, url: &str, accept: &str) -> io::Result<reqwest::Response> {
-        let mut wait = Duration::from_secs(1);
-        // Bounded: TRIES turns.
-        for t in 1..=TRIES {
-            let r = self.send(url, accept).await;
-            let again = match &r {
-                Ok(resp) => {
-                    let st = resp.status();
-                    st.is_server_error() || st == reqwest::StatusCode::TOO_MANY_REQUESTS
-                }
-                Err(_) => true,
-            };
-            if !again || t == TRIES {
-                return r;
-            }
-            tokio::time::sleep(wait).await;
-            wait *= 2;
-        }
-        Err(fail(format!("GET {url}: no try left")))
+        with_tries(
+            || self.send(url, accept),
+            |r| r.as_ref().map_or(true, |resp| transient(resp.status())),
+        )
+        .await
     }
 
     async fn get(&mut self, url: &str, accept: &str) -> io::Result<reqwest::Response> {
@@ -492,10 +479,6 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-pub(crate) fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 async fn read_limited(mut resp: reqwest::Response, max: usize, what: &str) -> io::Result<Vec<u8>> {
     let mut out = Vec::new();
     // Bounded: the body is read up to `max` bytes.
@@ -605,7 +588,6 @@ pub(crate) fn layers_of(manifest: &serde_json::Value, what: &str) -> io::Result<
         .collect()
 }
 
-/// Fetch one blob into `path`: exactly `l.size` bytes whose SHA-256 is `l.digest`.
 /// A failed blob fetch: worth another try (the connection, the server's 5xx or 429,
 /// a body cut short) or not (a wrong status, size or digest; the local file).
 enum Fetch {
@@ -618,7 +600,7 @@ async fn fetch_blob(c: &Client, l: &Layer, path: &Path) -> Result<u64, Fetch> {
     let url = c.url("blobs", &l.digest);
     let resp = c.send(&url, "").await.map_err(Fetch::Again)?;
     let st = resp.status();
-    if st.is_server_error() || st == reqwest::StatusCode::TOO_MANY_REQUESTS {
+    if transient(st) {
         return Err(Fetch::Again(fail(format!("GET {url}: {st}"))));
     }
     if !st.is_success() {
@@ -626,8 +608,7 @@ async fn fetch_blob(c: &Client, l: &Layer, path: &Path) -> Result<u64, Fetch> {
     }
     let file = std::fs::File::create(path).map_err(Fetch::Stop)?;
     let mut f = std::io::BufWriter::with_capacity(1 << 20, file);
-    let mut h = Sha256::new();
-    let mut got = 0u64;
+    let mut check = BlobCheck::new(&l.digest, Some(l.size), &url);
     let mut counted = Counted {
         p: c.o.progress.as_deref(),
         n: 0,
@@ -637,30 +618,19 @@ async fn fetch_blob(c: &Client, l: &Layer, path: &Path) -> Result<u64, Fetch> {
     // Bounded: the stream is cut off once it passes the descriptor's size.
     while let Some(chunk) = s.next().await {
         let chunk = chunk.map_err(|e| Fetch::Again(fail(format!("{url}: {}", error_chain(&e)))))?;
-        got = got.saturating_add(chunk.len() as u64);
-        if got > l.size {
-            return Err(Fetch::Stop(fail(format!(
-                "{url}: more than the {} bytes the manifest gives",
-                l.size
-            ))));
-        }
-        h.update(&chunk);
+        check.update(&chunk).map_err(Fetch::Stop)?;
         f.write_all(&chunk).map_err(Fetch::Stop)?;
         counted.add(chunk.len() as u64);
     }
-    if got != l.size {
-        return Err(Fetch::Again(fail(format!(
-            "{url}: {got} bytes, the manifest gives {}",
-            l.size
-        ))));
-    }
-    let d = format!("sha256:{}", hex(&h.finalize()));
-    if d != l.digest {
-        return Err(Fetch::Stop(fail(format!(
-            "{url}: content digest {d}, expected {}",
-            l.digest
-        ))));
-    }
+    // A body cut short may come whole next time; a wrong digest will not.
+    let short = check.got < l.size;
+    let got = check.finish().map_err(|e| {
+        if short {
+            Fetch::Again(e)
+        } else {
+            Fetch::Stop(e)
+        }
+    })?;
     f.flush().map_err(Fetch::Stop)?;
     counted.keep = true;
     Ok(got)
@@ -691,23 +661,99 @@ impl Drop for Counted<'_> {
     }
 }
 
-/// [`fetch_blob`], tried up to [`TRIES`] times (1 s, then 2 s apart) while it fails in
-/// a way another try may mend.
+/// [`fetch_blob`], tried again while it fails in a way another try may mend.
 async fn fetch_blob_retried(c: &Client, l: &Layer, path: &Path) -> io::Result<u64> {
+    with_tries(
+        || fetch_blob(c, l, path),
+        |r| matches!(r, Err(Fetch::Again(_))),
+    )
+    .await
+    .map_err(|e| match e {
+        Fetch::Again(e) | Fetch::Stop(e) => e,
+    })
+}
+
+/// An answer another try may mend: a server error or 429 (a registry's rate limit).
+fn transient(st: reqwest::StatusCode) -> bool {
+    st.is_server_error() || st == reqwest::StatusCode::TOO_MANY_REQUESTS
+}
+
+/// `attempt`, up to [`TRIES`] times (1 s, then 2 s apart) while `again` says its
+/// result may mend; the last result.
+async fn with_tries<T, E, Fut>(
+    mut attempt: impl FnMut() -> Fut,
+    again: impl Fn(&Result<T, E>) -> bool,
+) -> Result<T, E>
+where
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
     let mut wait = Duration::from_secs(1);
+    let mut t = 1;
     // Bounded: TRIES turns.
-    for t in 1..=TRIES {
-        match fetch_blob(c, l, path).await {
-            Ok(n) => return Ok(n),
-            Err(Fetch::Stop(e)) => return Err(e),
-            Err(Fetch::Again(e)) if t == TRIES => return Err(e),
-            Err(Fetch::Again(_)) => {
-                tokio::time::sleep(wait).await;
-                wait *= 2;
-            }
+    loop {
+        let r = attempt().await;
+        if t >= TRIES || !again(&r) {
+            return r;
+        }
+        tokio::time::sleep(wait).await;
+        wait *= 2;
+        t += 1;
+    }
+}
+
+/// A blob checked as it streams by: at most `size` bytes (when known), then (at
+/// [`BlobCheck::finish`]) exactly that many, with SHA-256 `digest` (when it is one).
+/// Errors name `what`.
+pub(crate) struct BlobCheck<'a> {
+    h: Sha256,
+    pub(crate) got: u64,
+    size: Option<u64>,
+    digest: &'a str,
+    what: &'a str,
+}
+
+impl<'a> BlobCheck<'a> {
+    pub(crate) fn new(digest: &'a str, size: Option<u64>, what: &'a str) -> Self {
+        BlobCheck {
+            h: Sha256::new(),
+            got: 0,
+            size,
+            digest,
+            what,
         }
     }
-    Err(fail(format!("{}: no try left", l.digest)))
+
+    pub(crate) fn update(&mut self, chunk: &[u8]) -> io::Result<()> {
+        self.got = self.got.saturating_add(chunk.len() as u64);
+        if let Some(s) = self.size.filter(|&s| self.got > s) {
+            return Err(fail(format!(
+                "{}: more than the {s} bytes the manifest gives",
+                self.what
+            )));
+        }
+        self.h.update(chunk);
+        Ok(())
+    }
+
+    /// The bytes seen, once they are all the blob should be.
+    pub(crate) fn finish(self) -> io::Result<u64> {
+        if let Some(s) = self.size.filter(|&s| s != self.got) {
+            return Err(fail(format!(
+                "{}: {} bytes, the manifest gives {s}",
+                self.what, self.got
+            )));
+        }
+        if is_digest(self.digest) {
+            let d = format!("sha256:{}", hex(&self.h.finalize()));
+            if d != self.digest {
+                return Err(fail(format!(
+                    "{}: content digest {d}, expected {}",
+                    self.what, self.digest
+                )));
+            }
+        }
+        Ok(self.got)
+    }
 }
 
 /// The layers `layer` (an index) or `blob` (a digest) select, else all.
@@ -772,11 +818,7 @@ pub fn pull(reference: &str, o: &OciOptions, tmp: &Path) -> io::Result<Pulled> {
         return Ok(p);
     }
     let r = parse_ref(reference)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("ferofs-oci")
-        .enable_all()
-        .build()?;
+    let rt = crate::runtime("ferofs-oci")?;
     let http = reqwest::Client::builder()
         .user_agent(concat!("ferofs/", env!("CARGO_PKG_VERSION")))
         .connect_timeout(o.timeout)

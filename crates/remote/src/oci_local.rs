@@ -7,10 +7,9 @@
 //! archive into a temporary directory.
 
 use crate::oci::{
-    bad, fail, hex, is_digest, json, layers_of, pick_platform, select_layers, Layer, OciOptions,
-    Pulled, MAX_JSON, MAX_LAYERS,
+    bad, fail, is_digest, json, layers_of, pick_platform, select_layers, BlobCheck, Layer,
+    OciOptions, Pulled, MAX_JSON, MAX_LAYERS,
 };
-use sha2::{Digest, Sha256};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
@@ -65,8 +64,9 @@ pub(crate) fn tempdir(tmp: &Path) -> io::Result<tempfile::TempDir> {
         })
 }
 
-fn read_json(path: &Path) -> io::Result<serde_json::Value> {
-    let what = path.display().to_string();
+/// The bytes of `path`, at most [`MAX_JSON`].
+fn read_small(path: &Path) -> io::Result<Vec<u8>> {
+    let what = path.display();
     let f =
         std::fs::File::open(path).map_err(|e| io::Error::new(e.kind(), format!("{what}: {e}")))?;
     let mut body = Vec::new();
@@ -74,24 +74,31 @@ fn read_json(path: &Path) -> io::Result<serde_json::Value> {
     if body.len() > MAX_JSON {
         return Err(fail(format!("{what}: larger than {MAX_JSON} bytes")));
     }
-    json(&body, &what)
+    Ok(body)
 }
 
-/// The path of blob `digest` in layout `dir`, checked to hold `size` bytes (when known)
-/// with that digest.
-fn checked_blob(dir: &Path, digest: &str, size: Option<u64>) -> io::Result<(PathBuf, u64)> {
+/// The path of blob `digest` in layout `dir`.
+fn blob_path(dir: &Path, digest: &str) -> io::Result<PathBuf> {
     if !is_digest(digest) {
         return Err(fail(format!("{}: blob digest {digest:?}", dir.display())));
     }
-    let p = dir.join("blobs/sha256").join(&digest["sha256:".len()..]);
-    let f = std::fs::File::open(&p)
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))?;
-    let n = hash_copy(f, &mut io::sink(), digest, size, &p.display().to_string())?;
-    Ok((p, n))
+    Ok(dir.join("blobs/sha256").join(&digest["sha256:".len()..]))
 }
 
-/// Copy `r` to `w` while hashing it: exactly `size` bytes (when given) whose SHA-256 is
-/// `digest` (when it is one), else an error naming `what`.
+/// A JSON blob (manifest, index) of layout `dir`, read once and checked against its
+/// size (when known) and digest.
+fn json_blob(dir: &Path, digest: &str, size: Option<u64>) -> io::Result<serde_json::Value> {
+    let p = blob_path(dir, digest)?;
+    let what = p.display().to_string();
+    let body = read_small(&p)?;
+    let mut check = BlobCheck::new(digest, size, &what);
+    check.update(&body)?;
+    check.finish()?;
+    json(&body, &what)
+}
+
+/// Copy `r` to `w` while checking it: exactly `size` bytes (when given) whose SHA-256
+/// is `digest` (when it is one), else an error naming `what`.
 fn hash_copy(
     mut r: impl Read,
     w: &mut dyn Write,
@@ -99,37 +106,18 @@ fn hash_copy(
     size: Option<u64>,
     what: &str,
 ) -> io::Result<u64> {
-    let mut h = Sha256::new();
+    let mut check = BlobCheck::new(digest, size, what);
     let mut buf = vec![0u8; 1 << 20];
-    let mut n = 0u64;
     // Bounded by the input's length (and by `size` when given).
     loop {
         let k = r.read(&mut buf)?;
         if k == 0 {
             break;
         }
-        n += k as u64;
-        if size.is_some_and(|s| n > s) {
-            return Err(fail(format!(
-                "{what}: longer than the {} bytes its descriptor gives",
-                size.unwrap_or(0)
-            )));
-        }
-        h.update(&buf[..k]);
+        check.update(&buf[..k])?;
         w.write_all(&buf[..k])?;
     }
-    if let Some(s) = size.filter(|&s| s != n) {
-        return Err(fail(format!("{what}: {n} bytes, its descriptor gives {s}")));
-    }
-    if is_digest(digest) {
-        let d = format!("sha256:{}", hex(&h.finalize()));
-        if d != digest {
-            return Err(fail(format!(
-                "{what}: content digest {d}, expected {digest}"
-            )));
-        }
-    }
-    Ok(n)
+    check.finish()
 }
 
 /// An OCI image layout at `dir`: `index.json` -> (the entry named `r`, or the only one,
@@ -142,7 +130,8 @@ fn layout(
     keep: Option<tempfile::TempDir>,
 ) -> io::Result<Pulled> {
     let what = dir.display().to_string();
-    let index = read_json(&dir.join("index.json"))?;
+    let index_path = dir.join("index.json");
+    let index = json(&read_small(&index_path)?, &index_path.display().to_string())?;
     let entries = index
         .get("manifests")
         .and_then(|m| m.as_array())
@@ -205,17 +194,19 @@ fn layout(
             })?;
             (d.to_string(), v.get("size").and_then(|s| s.as_u64()))
         };
-        let (p, _) = checked_blob(dir, &d, size)?;
-        v = read_json(&p)?;
+        v = json_blob(dir, &d, size)?;
         digest = d;
     }
     let layers = select_layers(layers_of(&v, &what)?, o.layer, blob, &what)?;
     let mut paths = Vec::with_capacity(layers.len());
     let mut bytes = 0u64;
     for Layer { digest: d, size } in &layers {
-        let (p, n) = checked_blob(dir, d, Some(*size))?;
+        // The layer read once to check it; the build reads it again in place.
+        let p = blob_path(dir, d)?;
+        let f = std::fs::File::open(&p)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))?;
+        bytes += hash_copy(f, &mut io::sink(), d, Some(*size), &p.display().to_string())?;
         paths.push(p);
-        bytes += n;
     }
     Ok(Pulled {
         layers: paths,

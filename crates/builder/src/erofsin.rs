@@ -184,6 +184,11 @@ fn rerr(path: &Path) -> impl Fn(ferofs_reader::Error) -> BuildError + '_ {
 
 /// Open the EROFS image at `path` and scan its tree.
 pub fn scan_image(path: &Path, opts: &BuildOptions) -> Result<Tree> {
+    Ok(scan_image_with(path, opts)?.1)
+}
+
+/// Open the EROFS image at `path` and scan its tree; the open image too.
+pub fn scan_image_with(path: &Path, opts: &BuildOptions) -> Result<(Arc<ErofsImage>, Tree)> {
     let io = |e: std::io::Error| invalid(path, format!("source image: {e}"));
     let file = std::fs::File::open(path).map_err(io)?;
     let src: Arc<dyn ferofs_reader::Source> = if opts.source_devices.is_empty() {
@@ -296,7 +301,7 @@ pub fn scan_image(path: &Path, opts: &BuildOptions) -> Result<Tree> {
         devices: Vec::new(),
     };
     fix_nlinks(&mut tree);
-    Ok(tree)
+    Ok((image, tree))
 }
 
 fn make_node(image: &Arc<ErofsImage>, ino: Inode, rel: Vec<u8>, o: &BuildOptions) -> Result<Node> {

@@ -46,6 +46,7 @@ pub mod fsconfig;
 pub mod fsverity;
 mod layout;
 mod lzo;
+pub mod merge;
 mod metabox;
 mod nids;
 pub mod options;
@@ -132,6 +133,31 @@ pub fn build_from_erofs(source: &Path, output: &Path, opts: &BuildOptions) -> Re
         scan::fix_nlinks(&mut tree);
     }
     build_tree(tree, output, opts)
+}
+
+/// Merge the EROFS images `layers` (the lowest first, as overlayfs stacks them) into
+/// one image at `output`. The files' bytes are copied (re-encoded with the build's
+/// options), or with `by_reference`, the new image refers to them where they are in
+/// the layers, which become its extra devices in the order given; files that cannot be
+/// referred to (not in one aligned piece: inline tails, compressed, with holes) are
+/// copied, and the report's warnings say how many.
+pub fn build_from_images(
+    layers: &[std::path::PathBuf],
+    output: &Path,
+    opts: &BuildOptions,
+    by_reference: bool,
+) -> Result<BuildReport> {
+    opts.check()?;
+    let m = merge::merge_images(layers, opts, by_reference)?;
+    let mut r = build_tree(m.tree, output, opts)?;
+    if m.copied.0 > 0 {
+        r.warnings.push(format!(
+            "{} files ({} bytes) copied into the image: their data is not in one \
+             block-aligned piece of their source image (inline tails, compressed, holes)",
+            m.copied.0, m.copied.1
+        ));
+    }
+    Ok(r)
 }
 
 /// Stages 2 to 6: the image of `tree` at `output`.

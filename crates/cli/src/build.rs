@@ -17,9 +17,22 @@ use std::time::Instant;
 pub struct BuildArgs {
     /// `SOURCE IMAGE`: the source directory (or a SquashFS image, or an EROFS image to
     /// re-encode, each detected by its magic) and the output image (written to a
-    /// temporary file and renamed on success); with `--tar`, only `IMAGE`.
-    #[arg(required = true, num_args = 1..=2, value_name = "SOURCE] [IMAGE")]
+    /// temporary file and renamed on success); with `--tar`, only `IMAGE`. Several
+    /// EROFS images before `IMAGE` (`LOWER... UPPER IMAGE`) are merged as overlayfs
+    /// stacks layers (later ones on top; whiteouts and opaque directories hide what is
+    /// under them).
+    #[arg(required = true, num_args = 1.., value_name = "SOURCE] [IMAGE")]
     paths: Vec<PathBuf>,
+    /// With EROFS images as SOURCE: the new image holds the metadata only and refers to
+    /// the files' bytes where they are in the source images, which become its extra
+    /// devices in the order given (mkfs.erofs's default for image sources). Mount with
+    /// `-o device=` for each (`mount -t erofs -o ro,loop,device=/dev/loopA,device=/dev/loopB
+    /// IMAGE DIR`; `ferofs` commands take `--device` for each). Block size: the last
+    /// source's unless `-b`. A file whose bytes are not in one block-aligned piece of
+    /// its source (inline tail, compressed, holes) is copied into the image instead,
+    /// with a warning.
+    #[arg(long)]
+    by_reference: bool,
     /// Build from a tar archive instead of a directory: a file or `-` for stdin;
     /// gzip, xz, zstd and bzip2 streams are detected. Repeat it to flatten a stack of
     /// OCI layers into one tree (later layers win, whiteouts applied).
@@ -426,7 +439,19 @@ fn parse_uuid(s: &str) -> Result<UuidChoice> {
 
 pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
     let mut o = BuildOptions::default();
-    let block_size = a.block_size.unwrap_or(if a.tar_index { 512 } else { 4096 });
+    let merge = a.by_reference || a.paths.len() > 2;
+    let block_size = match (a.block_size, merge, a.paths.len()) {
+        (Some(b), ..) => b,
+        // The uppermost source image's (as mkfs.erofs).
+        (None, true, n) if n >= 2 && crate::source::is_erofs_file(&a.paths[n - 2]) => {
+            let top = &a.paths[n - 2];
+            ferofs_reader::Image::open(top)
+                .with_context(|| format!("reading {}", top.display()))?
+                .block_size()
+        }
+        _ if a.tar_index => 512,
+        _ => 4096,
+    };
     if !(512..=4096).contains(&block_size) || !block_size.is_power_of_two() {
         bail!("--block-size must be 512, 1024, 2048 or 4096 (got {block_size})");
     }
@@ -966,6 +991,10 @@ pub fn run(mut a: BuildArgs) -> Result<()> {
     });
     let (source, image) = match (a.tar.is_empty(), a.paths.as_slice()) {
         (true, [s, i]) => (s.display().to_string(), i.clone()),
+        (true, [layers @ .., i]) if layers.len() >= 2 => {
+            let names: Vec<String> = layers.iter().map(|l| l.display().to_string()).collect();
+            (names.join(" + "), i.clone())
+        }
         (false, [i]) if a.oci.is_some() => (a.oci.clone().unwrap_or_default(), i.clone()),
         (false, [i]) if a.s3.is_some() => (
             format!("s3://{}", a.s3.as_deref().unwrap_or_default()),
@@ -982,16 +1011,33 @@ pub fn run(mut a: BuildArgs) -> Result<()> {
         (true, _) => bail!("build: give SOURCE and IMAGE (or --tar FILE and IMAGE)"),
         (false, _) => bail!("build --tar: give only the output IMAGE as a path"),
     };
-    let built = if a.tar.is_empty() && ferofs_builder::squashfs::is_squashfs(&a.paths[0]) {
+    let layers = &a.paths[..a.paths.len() - 1];
+    let all_images = a.tar.is_empty() && layers.iter().all(|p| crate::source::is_erofs_file(p));
+    if (layers.len() > 1 || a.by_reference) && !all_images {
+        if let Some(p) = layers
+            .iter()
+            .find(|p| !ferofs_builder::erofsin::is_erofs_image(p))
+        {
+            bail!(
+                "build: {} is not an EROFS image (several sources, or --by-reference, \
+                 take EROFS images only)",
+                p.display()
+            );
+        }
+        bail!("build: several sources, or --by-reference, take EROFS images only");
+    }
+    let built = if all_images && (layers.len() > 1 || a.by_reference) {
+        if !crate::source::devices().is_empty() && layers.len() > 1 {
+            bail!("build: --device names the extra devices of one source image, not of several");
+        }
+        opts.source_devices = crate::source::devices();
+        ferofs_builder::build_from_images(layers, &image, &opts, a.by_reference)
+    } else if a.tar.is_empty() && ferofs_builder::squashfs::is_squashfs(&a.paths[0]) {
         ferofs_builder::build_from_squashfs(&a.paths[0], &image, &opts)
     } else if a.tar.is_empty() {
         let src = &a.paths[0];
         // A regular file or a block device (a partition holding an image).
-        let image_like = src.is_file() || {
-            use std::os::unix::fs::FileTypeExt;
-            std::fs::metadata(src).is_ok_and(|m| m.file_type().is_block_device())
-        };
-        if image_like && ferofs_builder::erofsin::is_erofs_image(src) {
+        if crate::source::is_erofs_file(src) {
             // An EROFS image (magic at byte 1024): re-encode it, with its extra
             // devices when `--device` names them.
             opts.source_devices = crate::source::devices();

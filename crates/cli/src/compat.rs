@@ -53,6 +53,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
     let mut out: Vec<OsString> = Vec::new();
     let mut pos: Vec<OsString> = Vec::new();
     let mut tar: Option<char> = None;
+    let mut clean_data = false;
     let mut oci: Option<Vec<OsString>> = None;
     let mut s3: Option<Vec<OsString>> = None;
     let mut compress = false;
@@ -119,7 +120,8 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                 // mkfs.erofs 1.9.3 `--zD=1` turns it off and any other value on.)
                 "zD" => zd = inline.as_deref() != Some("1"),
                 // A full build is all ferofs does (mkfs.erofs's default).
-                "clean" if matches!(inline.as_deref(), None | Some("data")) => {}
+                // Image sources: their data copied, not referred to.
+                "clean" if matches!(inline.as_deref(), None | Some("data")) => clean_data = true,
                 "clean" => bail!(
                     "mkfs.erofs: --clean={}: only full builds (--clean or --clean=data) are implemented by ferofs",
                     inline.as_deref().unwrap_or("")
@@ -405,6 +407,23 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
             }
             out.push("--tar".into());
             out.push(sources.first().cloned().unwrap_or_else(|| "-".into()));
+            out.push(image);
+        }
+        // EROFS images as sources (mkfs.erofs's rebuild mode): merged, the later ones
+        // on top; referred to in place (the images become extra devices) unless
+        // `--clean[=data]` asks their data copied.
+        None if sources.len() > 1
+            || sources
+                .first()
+                .is_some_and(|s| crate::source::is_erofs_file(std::path::Path::new(s))) =>
+        {
+            // --aufs changes tar input only: mkfs.erofs takes it here and does nothing
+            // with it (containerd's layer merge passes it).
+            out.retain(|a| a != "--aufs");
+            if !clean_data {
+                out.push("--by-reference".into());
+            }
+            out.extend(sources.iter().cloned());
             out.push(image);
         }
         None => {
@@ -784,6 +803,48 @@ mod tests {
     }
 
     #[test]
+    fn image_sources_merge_by_reference_unless_clean_data() {
+        assert_eq!(
+            t(&["o", "a.erofs", "b.erofs"]).expect("translate"),
+            ["-z", "none", "--by-reference", "a.erofs", "b.erofs", "o"]
+        );
+        // containerd's layer merge; --aufs means nothing for image sources.
+        assert_eq!(
+            t(&["--aufs", "--ovlfs-strip=1", "--quiet", "o", "a", "b", "c"]).expect("translate"),
+            [
+                "--ovlfs-strip=1",
+                "--quiet",
+                "-z",
+                "none",
+                "--by-reference",
+                "a",
+                "b",
+                "c",
+                "o"
+            ]
+        );
+        for clean in ["--clean", "--clean=data"] {
+            assert_eq!(
+                t(&[clean, "o", "a", "b"]).expect("translate"),
+                ["-z", "none", "a", "b", "o"]
+            );
+        }
+        // One source: an image file is merged (by reference), a directory built.
+        let d = tempfile::tempdir().expect("tmp");
+        let img = d.path().join("one.erofs");
+        let mut b = vec![0u8; 4096];
+        b[1024..1028].copy_from_slice(&ferofs_format::sb::MAGIC.to_le_bytes());
+        std::fs::write(&img, b).expect("write");
+        let i = img.to_str().expect("utf-8");
+        assert_eq!(
+            t(&["o", i]).expect("translate"),
+            ["-z", "none", "--by-reference", i, "o"]
+        );
+        let dir = d.path().to_str().expect("utf-8");
+        assert_eq!(t(&["o", dir]).expect("translate"), ["-z", "none", dir, "o"]);
+    }
+
+    #[test]
     fn mkfs_time_goes_with_t_and_the_later_time_option_wins() {
         let has = |args: &[&str]| {
             t(args)
@@ -1061,7 +1122,8 @@ mod tests {
             assert!(e.contains(what), "{args:?}: {e}");
         }
         assert!(t(&["o"]).is_err());
-        assert!(t(&["o", "a", "b"]).is_err());
+        // Several sources are image sources (merged): `ferofs build` checks them.
+        assert!(t(&["--tar=f", "o", "a", "b"]).is_err());
     }
 }
 

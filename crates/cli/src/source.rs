@@ -323,3 +323,12 @@ pub fn prefetch_metadata(r: &Arc<Remote>) {
             let _ = r.prefetch(start, end);
         });
 }
+
+/// Whether `p` is a regular file or a block device (a partition) holding an EROFS
+/// image (the magic at byte 1024).
+pub fn is_erofs_file(p: &std::path::Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    let image_like =
+        p.is_file() || std::fs::metadata(p).is_ok_and(|m| m.file_type().is_block_device());
+    image_like && ferofs_builder::erofsin::is_erofs_image(p)
+}

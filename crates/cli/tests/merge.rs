@@ -1,0 +1,260 @@
+//! `ferofs build LOWER.erofs UPPER.erofs IMAGE`: EROFS layers merged as overlayfs
+//! stacks them, the data copied or (`--by-reference`) left in the layers, which become
+//! the image's extra devices; and mkfs.erofs's spelling of it (image sources,
+//! `--clean=data`), as containerd's EROFS snapshotter runs it to merge layers.
+//!
+//! The layers hold every case of a merge: a file replaced, a whiteout hiding a
+//! directory, an opaque directory, one name of a hardlinked pair replaced, new
+//! directories, a symlink, a fifo, a file with a hole; the lower layer uncompressed
+//! without inline tails (so its files are referred to), the upper one compressed (so
+//! its files are copied). The expected tree is made by hand from the two; the kernel's
+//! mount of each image must equal it.
+
+mod common;
+use common::*;
+use ferofs_testkit::{assert_same_tree, kernel_available, noise, scratch, text_lines};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn sh(cmd: &mut Command) {
+    let out = cmd.output().expect("run");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn put(root: &Path, rel: &str, data: &[u8]) {
+    let p = root.join(rel);
+    std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&p, data).expect("write");
+}
+
+/// chmod, chown and mtime of `from` onto `to`.
+fn same_meta(from: &Path, to: &Path) {
+    sh(Command::new("chmod").arg("--reference").arg(from).arg(to));
+    sh(Command::new("chown")
+        .arg("-h")
+        .arg("--reference")
+        .arg(from)
+        .arg(to));
+    sh(Command::new("touch").arg("-h").arg("-r").arg(from).arg(to));
+}
+
+/// The two layers' trees and the tree their stack shows (whiteout and opaque marker
+/// kept, as overlayfs's lower layers hold them): (lower, upper, expected).
+fn layers(t: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let (l, u, e) = (t.join("lower"), t.join("upper"), t.join("expected"));
+    put(&l, "etc/hostname", b"lower\n");
+    put(&l, "etc/passwd", &text_lines(2000, 1));
+    put(&l, "usr/bin/tool", &noise(300_000, 2));
+    put(&l, "usr/lib/libx.so", &noise(20_000, 3));
+    std::fs::hard_link(l.join("usr/lib/libx.so"), l.join("usr/lib/libx.so.1")).expect("link");
+    put(&l, "var/cache/old", b"old");
+    put(&l, "opt/gone/f", &noise(9000, 4));
+    {
+        let f = std::fs::File::create(l.join("sparse")).expect("create");
+        f.set_len(1 << 20).expect("truncate");
+        std::os::unix::fs::FileExt::write_all_at(&f, &noise(4096, 5), 512 << 10).expect("write");
+    }
+    std::os::unix::fs::symlink("usr/bin/tool", l.join("lnk")).expect("symlink");
+    sh(Command::new("mkfifo").arg(l.join("fifo")));
+    put(&u, "etc/hostname", b"upper\n");
+    sh(Command::new("mknod")
+        .arg(u.join("opt"))
+        .args(["c", "0", "0"]));
+    put(&u, "var/new", b"new");
+    set_xattr(&u.join("var"), "trusted.overlay.opaque", b"y");
+    put(&u, "usr/lib/libx.so.1", &noise(5000, 6));
+    put(&u, "usr/share/doc/readme", &text_lines(30, 7));
+    put(&u, "usr/bin/tool2", &noise(70_000, 8));
+    std::fs::set_permissions(&u, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    // The stack: the lower tree, then what the upper one changes.
+    sh(Command::new("cp").arg("-a").arg(&l).arg(&e));
+    for gone in ["opt", "var", "etc/hostname", "usr/lib/libx.so.1"] {
+        sh(Command::new("rm").arg("-rf").arg(e.join(gone)));
+    }
+    for new in [
+        "opt",
+        "var",
+        "etc/hostname",
+        "usr/lib/libx.so.1",
+        "usr/share",
+        "usr/bin/tool2",
+    ] {
+        sh(Command::new("cp")
+            .arg("-a")
+            .arg(u.join(new))
+            .arg(e.join(new)));
+    }
+    // A directory holding a whiteout is marked for overlayfs (empty origin xattr).
+    sh(Command::new("setfattr")
+        .args(["-n", "trusted.overlay.origin"])
+        .arg(&e));
+    // Directories in both layers take the upper one's metadata.
+    for d in ["etc", "usr/bin", "usr/lib", "usr", ""] {
+        same_meta(&u.join(d), &e.join(d));
+    }
+    (l, u, e)
+}
+
+/// Mount `img` with `devices` as its extra devices (loop devices, read-only), run `f`
+/// on the mount point.
+fn with_kernel_mount(img: &Path, devices: &[&Path], f: impl FnOnce(&Path)) {
+    let loops: Vec<String> = devices
+        .iter()
+        .map(|d| {
+            ferofs_testkit::run(Command::new("losetup").args(["-f", "--show", "-r"]).arg(d))
+                .trim()
+                .to_string()
+        })
+        .collect();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let m = scratch("merge-mnt");
+        let opts: String = std::iter::once("ro,loop".to_string())
+            .chain(loops.iter().map(|l| format!("device={l}")))
+            .collect::<Vec<_>>()
+            .join(",");
+        ferofs_testkit::run(
+            Command::new("mount")
+                .args(["-t", "erofs", "-o", &opts])
+                .arg(img)
+                .arg(m.path()),
+        );
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(m.path())));
+        let _ = Command::new("umount").arg(m.path()).status();
+        if let Err(e) = r {
+            std::panic::resume_unwind(e);
+        }
+    }));
+    for l in &loops {
+        let _ = Command::new("losetup").arg("-d").arg(l).status();
+    }
+    if let Err(e) = r {
+        std::panic::resume_unwind(e);
+    }
+}
+
+#[test]
+fn layers_merge_by_reference_and_by_copy() {
+    if !kernel_available("layers_merge_by_reference_and_by_copy") {
+        return;
+    }
+    let t = scratch("merge");
+    let (l, u, e) = layers(t.path());
+    let (li, ui) = (t.path().join("lower.erofs"), t.path().join("upper.erofs"));
+    build(&l, &li, &["-z", "none", "-E", "noinline_data"]);
+    build(&u, &ui, &[]);
+    let x = t.path().join("x");
+
+    // By reference: the metadata only, the layers its devices in the order given.
+    let refimg = t.path().join("ref.erofs");
+    let out = run(&[&"build", &"--by-reference", &li, &ui, &refimg]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    // The upper layer's five files (compressed or inline) and the lower one's file
+    // with a hole: copied, and said so.
+    assert!(
+        err.contains("warning: 6 files (") && err.contains("copied into the image"),
+        "{err}"
+    );
+    let info = json(&ok(&[&"inspect", &"--json", &refimg]));
+    assert_eq!(info["extra_devices"].as_u64(), Some(2), "{info}");
+    let len = std::fs::metadata(&refimg).expect("stat").len();
+    // The copies (4 KiB of the sparse file, 70 KB of noise) and the metadata; the
+    // layers hold 1.4 MB.
+    assert!(len <= 128 << 10, "reference image of {len} bytes");
+    // The lower layer's files point into it: its tool starts where it does there.
+    let at = |img: &Path, dev: &[&Path], p: &str| -> serde_json::Value {
+        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"stat", &"--json"];
+        for d in dev {
+            args.push(&"--device");
+            args.push(d);
+        }
+        args.push(&img);
+        args.push(&p);
+        json(&ok(&args))
+    };
+    let s = at(&refimg, &[&li, &ui], "/usr/bin/tool");
+    assert_eq!(s["layout"].as_str(), Some("chunk-based"), "{s}");
+    with_kernel_mount(&refimg, &[&li, &ui], |m| assert_same_tree(&e, m));
+    let out = ok(&[&"check", &"--device", &li, &"--device", &ui, &refimg]);
+    assert!(out.starts_with("clean: 0 problems"), "{out}");
+    ok(&[&"extract", &"--device", &li, &"--device", &ui, &refimg, &x]);
+    assert_same_tree(&e, &x);
+    std::fs::remove_dir_all(&x).expect("rm");
+    if let Some(fsck) = ferofs_testkit::fsck_erofs_metabox() {
+        let out = Command::new(&fsck)
+            .arg(format!("--device={}", li.display()))
+            .arg(format!("--device={}", ui.display()))
+            .arg(&refimg)
+            .output()
+            .expect("run fsck.erofs");
+        assert!(
+            out.status.success(),
+            "fsck.erofs --device: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // By copy, re-encoded, whiteouts and opaque markers stripped: a self-contained
+    // image of the stack.
+    let stripped = t.path().join("stripped");
+    sh(Command::new("cp").arg("-a").arg(&e).arg(&stripped));
+    sh(Command::new("rm").arg(stripped.join("opt")));
+    sh(Command::new("setfattr")
+        .args(["-x", "trusted.overlay.opaque"])
+        .arg(stripped.join("var")));
+    sh(Command::new("setfattr")
+        .args(["-x", "trusted.overlay.origin"])
+        .arg(&stripped));
+    same_meta(&e, &stripped);
+    let full = t.path().join("full.erofs");
+    ok(&[
+        &"build",
+        &"-q",
+        &"-z",
+        &"lz4hc",
+        &"--ovlfs-strip=1",
+        &li,
+        &ui,
+        &full,
+    ]);
+    let info = json(&ok(&[&"inspect", &"--json", &full]));
+    assert_eq!(info["extra_devices"].as_u64(), Some(0), "{info}");
+    assert_image_holds(&full, &stripped, &x, "merged by copy");
+
+    // mkfs.erofs's spelling: image sources are merged by reference (containerd's
+    // layer merge: `--aufs --ovlfs-strip=1 --quiet`), `--clean=data` copies.
+    let dref = t.path().join("dref.erofs");
+    mkfs_dropin(
+        t.path(),
+        &[&"--aufs", &"--ovlfs-strip=1", &"--quiet", &dref, &li, &ui],
+    );
+    assert!(std::fs::metadata(&dref).expect("stat").len() <= 128 << 10);
+    with_kernel_mount(&dref, &[&li, &ui], |m| assert_same_tree(&stripped, m));
+    let dfull = t.path().join("dfull.erofs");
+    mkfs_dropin(
+        t.path(),
+        &[&"--clean=data", &"--ovlfs-strip=1", &dfull, &li, &ui],
+    );
+    let info = json(&ok(&[&"inspect", &"--json", &dfull]));
+    assert_eq!(info["extra_devices"].as_u64(), Some(0), "{info}");
+    with_kernel_mount(&dfull, &[], |m| assert_same_tree(&stripped, m));
+
+    // Anything but EROFS images among several sources: an error naming it, no image.
+    let bad = t.path().join("bad.erofs");
+    let out = run(&[&"build", &li, &u, &bad]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("is not an EROFS image") && err.contains("upper"),
+        "{err}"
+    );
+    assert!(!bad.exists());
+    let out = run(&[&"build", &"--by-reference", &l, &bad]);
+    assert!(!out.status.success());
+    assert!(!bad.exists());
+}

@@ -211,7 +211,7 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     let mut placed = place::store_data(&tree, &plan, o, &mut out)?;
     let blob = placed.blob.take();
     if let (Some((_, blocks)), Some(slot)) = (&blob, plan.cfg.devices.first_mut()) {
-        *slot = *blocks;
+        slot.blocks = *blocks;
     }
     // Long xattr prefixes go into the packed inode when there is one (kernels before
     // the plain table's flag read them there), unless asked plain or in a metabox

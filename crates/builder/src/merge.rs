@@ -76,7 +76,10 @@ pub fn merge_images(layers: &[PathBuf], opts: &BuildOptions, by_reference: bool)
                 .blocks
                 .checked_mul(u64::from(img.img.block_size()))
                 .ok_or_else(|| invalid(path, "source image: block count overflows"))?;
-            devices.push(bytes.div_ceil(bs));
+            devices.push(crate::scan::Device {
+                blocks: bytes.div_ceil(bs),
+                tag: uuid_tag(&img.img.info().uuid),
+            });
         }
         tree.devices = devices;
         for n in &mut tree.nodes {
@@ -123,6 +126,17 @@ fn in_one_piece(image: &ErofsImage, ino: &ferofs_reader::Inode, bs: u64) -> Opti
     let [e] = ext.as_slice() else { return None };
     let p = e.physical?;
     (e.kind == "plain" && e.logical == 0 && e.length == ino.size && p % bs == 0).then_some(p / bs)
+}
+
+/// A layer's device-table tag: its UUID as 32 lowercase hex digits (what mkfs.erofs
+/// writes for the layers of its rebuild mode); readers check a device given for the
+/// slot against it.
+pub fn uuid_tag(uuid: &[u8; 16]) -> [u8; 64] {
+    let mut t = [0u8; 64];
+    for (i, b) in uuid.iter().enumerate() {
+        t[2 * i..2 * i + 2].copy_from_slice(format!("{b:02x}").as_bytes());
+    }
+    t
 }
 
 fn invalid(path: &Path, what: &str) -> BuildError {

@@ -312,7 +312,7 @@ pub fn reserve_blob_slot(
                 .into(),
         ));
     }
-    tree.devices = vec![0];
+    tree.devices = vec![crate::scan::Device::untagged(0)];
     Ok(())
 }
 

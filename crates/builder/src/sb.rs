@@ -18,9 +18,9 @@ pub struct ComprCfg {
     /// Bytes of the superblock they follow: 128, or 144 with the extension slot that
     /// holds `metabox_nid`.
     pub sb_size: usize,
-    /// Extra devices (tar index mode), their sizes in blocks: a device table of one
-    /// 128-byte slot each behind the records.
-    pub devices: Vec<u64>,
+    /// Extra devices (tar index mode, `--blobdev`, merged layers): a device table of
+    /// one 128-byte slot each behind the records.
+    pub devices: Vec<crate::scan::Device>,
     /// The long xattr name prefixes (`--xattr-prefix`, `--xattr-inode-digest`), in
     /// table order. Room for their table is kept behind the device table; it goes there
     /// (a plain table) unless the packed inode takes it
@@ -31,7 +31,7 @@ pub struct ComprCfg {
 }
 
 impl ComprCfg {
-    pub fn new(o: &BuildOptions, devices: &[u64]) -> Self {
+    pub fn new(o: &BuildOptions, devices: &[crate::scan::Device]) -> Self {
         let mut c = Self::records(o);
         c.devices = devices.to_vec();
         (c.prefixes, c.ishare) = o.long_prefixes();
@@ -335,15 +335,18 @@ pub fn seal_block0(block0: &mut [u8], sb: &Superblock, cfg: &ComprCfg, with_cfg:
         let at = sbo + sbb.len();
         block0[at..at + cfg.bytes.len()].copy_from_slice(&cfg.bytes);
     }
-    // Device slots: no tag (the device is named at mount time), its size in blocks,
-    // and its place in the unified address space right behind this image (so the
-    // image and the device concatenated mount as one).
+    // Device slots: the tag (the kernel names the device at mount time; a merged
+    // layer's is its UUID in hex, as mkfs.erofs writes it), its size in blocks, and
+    // its place in the unified address space right behind this image (so the image
+    // and the devices concatenated mount as one).
     let total = u64::from(sb.blocks_lo);
     let mut uniaddr = total;
-    for (i, &blocks) in cfg.devices.iter().enumerate() {
+    for (i, dev) in cfg.devices.iter().enumerate() {
+        let blocks = dev.blocks;
         let at = cfg.devt_at() as usize + i * DEVICE_SLOT_SIZE;
         let slot = &mut block0[at..at + DEVICE_SLOT_SIZE];
         slot.fill(0);
+        slot[..64].copy_from_slice(&dev.tag);
         slot[64..68].copy_from_slice(&(blocks as u32).to_le_bytes());
         slot[68..72].copy_from_slice(&(uniaddr as u32).to_le_bytes());
         slot[72..74].copy_from_slice(&((blocks >> 32) as u16).to_le_bytes());

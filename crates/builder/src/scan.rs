@@ -78,8 +78,26 @@ pub struct Tree {
     pub root: InodeId,
     /// The packed inode (fragments): a regular file no directory links.
     pub packed: Option<InodeId>,
-    /// Extra devices the image refers to (tar index mode: the tar), in blocks.
-    pub devices: Vec<u64>,
+    /// Extra devices the image refers to (tar index mode: the tar; merged layers), in
+    /// device-table order.
+    pub devices: Vec<Device>,
+}
+
+/// An extra device of the image: its size in blocks and the tag of its device-table
+/// slot (zeros: none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    pub blocks: u64,
+    pub tag: [u8; 64],
+}
+
+impl Device {
+    pub fn untagged(blocks: u64) -> Device {
+        Device {
+            blocks,
+            tag: [0; 64],
+        }
+    }
 }
 
 impl Tree {

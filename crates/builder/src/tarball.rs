@@ -165,7 +165,7 @@ pub fn scan_tars(inputs: &[TarInput], spool_dir: &Path, opts: &BuildOptions) -> 
     }
     let mut tree = a.finish(opts)?;
     if opts.tar_index {
-        tree.devices = vec![tar_len.div_ceil(512)];
+        tree.devices = vec![crate::scan::Device::untagged(tar_len.div_ceil(512))];
     }
     Ok(TarTree { tree, spools })
 }

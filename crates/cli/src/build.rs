@@ -1064,6 +1064,9 @@ pub fn run(mut a: BuildArgs) -> Result<()> {
     if let Some(d) = &a.vmdk_desc {
         let devices: Vec<String> = if let Some(b) = &a.blobdev {
             vec![b.display().to_string()]
+        } else if a.by_reference {
+            // Merged by reference: the layers are the devices.
+            layers.iter().map(|l| l.display().to_string()).collect()
         } else if a.tar_index {
             a.tar
                 .iter()

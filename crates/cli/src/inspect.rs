@@ -153,6 +153,16 @@ pub fn inspect(image: &Path, json_out: bool) -> Result<()> {
         Ok(v) => v.iter().map(|p| bytes_display(p)).collect(),
         Err(e) => vec![format!("(unreadable: {e})")],
     };
+    // The device table: each slot's tag (text up to its first NUL), size in blocks
+    // and place in the unified address space.
+    let devices: Vec<(String, u64, u64)> = img
+        .device_slots()
+        .iter()
+        .map(|d| {
+            let end = d.tag.iter().position(|&b| b == 0).unwrap_or(d.tag.len());
+            (bytes_display(&d.tag[..end]), d.blocks(), d.uniaddr())
+        })
+        .collect();
     let v = json!({
         "magic": format!("{:#010x}", sb.magic),
         "block_size": blksz,
@@ -175,6 +185,9 @@ pub fn inspect(image: &Path, json_out: bool) -> Result<()> {
         "packed_nid": sb.packed_nid,
         "metabox_nid": sb.has_incompat(INCOMPAT_METABOX).then_some(sb.metabox_nid),
         "extra_devices": sb.extra_devices,
+        "devices": devices.iter().map(|(tag, blocks, at)| json!({
+            "tag": tag, "blocks": blocks, "mapped_blkaddr": at,
+        })).collect::<Vec<_>>(),
         "xattr_prefix_count": sb.xattr_prefix_count,
         "xattr_prefixes": prefixes,
         "verity": verity.as_ref().map(|v| json!({
@@ -234,6 +247,18 @@ pub fn inspect(image: &Path, json_out: bool) -> Result<()> {
         "Contents:          {} files ({} bytes, {} compressed), {} directories, {} symlinks, {} special, {} xattrs, {} extended inodes",
         c.files, c.bytes, c.compressed_files, c.dirs, c.symlinks, c.special, c.xattrs, c.extended_inodes
     )?;
+    for (k, (tag, blocks, at)) in devices.iter().enumerate() {
+        writeln!(
+            out,
+            "Device {}:          {blocks} blocks at block {at}{}",
+            k + 1,
+            if tag.is_empty() {
+                String::new()
+            } else {
+                format!(", tag {tag}")
+            }
+        )?;
+    }
     if let Some(v) = &verity {
         writeln!(
             out,

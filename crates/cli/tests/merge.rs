@@ -162,6 +162,29 @@ fn layers_merge_by_reference_and_by_copy() {
     );
     let info = json(&ok(&[&"inspect", &"--json", &refimg]));
     assert_eq!(info["extra_devices"].as_u64(), Some(2), "{info}");
+    // Each device's tag is its layer's UUID (as mkfs.erofs tags them), and a reader
+    // given the layers in another order says so.
+    for (k, layer) in [&li, &ui].iter().enumerate() {
+        let l = json(&ok(&[&"inspect", &"--json", layer]));
+        let uuid = l["uuid"].as_str().expect("uuid").replace('-', "");
+        assert_eq!(
+            info["devices"][k]["tag"].as_str(),
+            Some(uuid.as_str()),
+            "{info}"
+        );
+        let blocks = std::fs::metadata(layer).expect("stat").len() / 4096;
+        assert_eq!(
+            info["devices"][k]["blocks"].as_u64(),
+            Some(blocks),
+            "{info}"
+        );
+    }
+    let out = run(&[&"ls", &"--device", &ui, &"--device", &li, &refimg, &"/"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("extra device 1: an EROFS image with UUID"),
+        "{err}"
+    );
     let len = std::fs::metadata(&refimg).expect("stat").len();
     // The copies (4 KiB of the sparse file, 70 KB of noise) and the metadata; the
     // layers hold 1.4 MB.

@@ -86,6 +86,7 @@ impl Joined {
     /// (device `k` in slot `k`). Errors: no EROFS superblock, fewer slots than devices.
     pub fn new(image: Arc<dyn Source>, devices: Vec<Arc<dyn Source>>) -> io::Result<Self> {
         let bad = |m: String| io::Error::new(io::ErrorKind::InvalidData, m);
+        let tags: Vec<[u8; 64]>;
         let at = {
             let img = crate::Image::new(image.clone()).map_err(|e| bad(e.to_string()))?;
             if img.devices.len() < devices.len() {
@@ -95,6 +96,7 @@ impl Joined {
                     img.devices.len()
                 )));
             }
+            tags = img.devices.iter().map(|d| d.tag).collect();
             let bits = u32::from(img.blkszbits);
             img.devices
                 .iter()
@@ -106,12 +108,58 @@ impl Joined {
                 })
                 .collect::<io::Result<Vec<u64>>>()?
         };
+        for (k, d) in devices.iter().enumerate() {
+            if let Some(want) = tags.get(k).and_then(|t| uuid_of_tag(t)) {
+                if let Some(got) = erofs_uuid(&**d) {
+                    if got != want {
+                        return Err(bad(format!(
+                            "extra device {}: an EROFS image with UUID {}, the device table \
+                             wants {} (devices given in another order?)",
+                            k + 1,
+                            hex(&got),
+                            hex(&want)
+                        )));
+                    }
+                }
+            }
+        }
         let mut parts = vec![(0, image.size()?, image)];
         for (d, start) in devices.into_iter().zip(at) {
             parts.push((start, d.size()?, d));
         }
         Ok(Joined { parts })
     }
+}
+
+/// The UUID a device-table tag names: 32 lowercase hex digits, then NULs (what
+/// mkfs.erofs and ferofs write for merged layers); None for any other tag.
+fn uuid_of_tag(tag: &[u8; 64]) -> Option<[u8; 16]> {
+    if tag[32..].iter().any(|&b| b != 0) {
+        return None;
+    }
+    let mut u = [0u8; 16];
+    for (i, pair) in tag[..32].chunks_exact(2).enumerate() {
+        let d = |c: u8| match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        };
+        u[i] = (d(pair[0])? << 4) | d(pair[1])?;
+    }
+    Some(u)
+}
+
+/// The UUID of the EROFS image at the start of `src`, if it is one.
+fn erofs_uuid(src: &dyn Source) -> Option<[u8; 16]> {
+    let mut b = [0u8; ferofs_format::sb::SB_MAX_SIZE];
+    src.read_exact_at(&mut b, ferofs_format::sb::SB_OFFSET)
+        .ok()?;
+    let sb = ferofs_format::sb::Superblock::parse(&b);
+    (sb.magic == ferofs_format::sb::MAGIC).then_some(sb.uuid)
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 impl Joined {

@@ -109,7 +109,7 @@ impl Joined {
                 .collect::<io::Result<Vec<u64>>>()?
         };
         for (k, d) in devices.iter().enumerate() {
-            if let Some(want) = tags.get(k).and_then(|t| uuid_of_tag(t)) {
+            if let Some(want) = tags.get(k).and_then(uuid_of_tag) {
                 if let Some(got) = erofs_uuid(&**d) {
                     if got != want {
                         return Err(bad(format!(

@@ -160,6 +160,58 @@ pub fn build_from_images(
     Ok(r)
 }
 
+/// What `build_onto` lays on its base image.
+pub enum Layer<'a> {
+    /// A directory.
+    Dir(&'a Path),
+    /// Tar streams, each a layer of its own (the lowest first), whiteouts as `--aufs`
+    /// says.
+    Tars(&'a [TarInput]),
+}
+
+/// Build `layer` on top of the EROFS image `base` (mkfs.erofs's `--incremental`), as
+/// overlayfs stacks layers: the layer's entries win their names, its whiteouts and
+/// opaque directories hide the base's entries (then go, with `--ovlfs-strip`), and a
+/// directory a tar only implies keeps the base's metadata. The result is a new image
+/// of the whole stack at `output` (which may be `base`: it is replaced when the build
+/// succeeds); the base's file bytes are read through the reader and stored anew.
+pub fn build_onto(
+    base: &Path,
+    layer: Layer<'_>,
+    output: &Path,
+    opts: &BuildOptions,
+) -> Result<BuildReport> {
+    opts.check()?;
+    // Whiteouts are applied by the merge, and stripped after it.
+    let mut o = opts.clone();
+    o.ovlfs_strip = false;
+    let (_, base_tree) = erofsin::scan_image_with(base, &o)?;
+    let mut trees = vec![base_tree];
+    let mut implicit = vec![Vec::new()];
+    let mut spools = Vec::new();
+    match layer {
+        Layer::Dir(d) => trees.push(scan::scan_dir(d, &o)?),
+        Layer::Tars(inputs) => {
+            for i in inputs {
+                let t = tarball::scan_tars(std::slice::from_ref(i), out::dir_of(output), &o)?;
+                trees.push(t.tree);
+                implicit.push(t.implicit);
+                spools.extend(t.spools);
+            }
+        }
+    }
+    let mut tree = merge::merge_trees(&trees, &implicit);
+    drop(trees);
+    merge::mark_whiteout_dirs(&mut tree, opts.ovlfs_strip);
+    if opts.ovlfs_strip {
+        tarball::strip_overlay(&mut tree);
+        scan::fix_nlinks(&mut tree);
+    }
+    let r = build_tree(tree, output, opts);
+    drop(spools);
+    r
+}
+
 /// Stages 2 to 6: the image of `tree` at `output`.
 fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildReport> {
     if o.hard_dereference {

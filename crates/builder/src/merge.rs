@@ -63,7 +63,7 @@ pub fn merge_images(layers: &[PathBuf], opts: &BuildOptions, by_reference: bool)
         images.push(img);
         trees.push(tree);
     }
-    let mut tree = merge_trees(&trees);
+    let mut tree = merge_trees(&trees, &[]);
     drop(trees);
     let mut copied = (0u64, 0u64);
     if by_reference {
@@ -150,7 +150,7 @@ fn invalid(path: &Path, what: &str) -> BuildError {
 /// overlayfs never lists it directly (and shows the whiteouts): kernel commit
 /// b79e05aaa166, what mkfs.erofs and ferofs's tar input do. With `strip` (the
 /// whiteouts go), every such marker goes.
-fn mark_whiteout_dirs(tree: &mut Tree, strip: bool) {
+pub(crate) fn mark_whiteout_dirs(tree: &mut Tree, strip: bool) {
     let wh: Vec<bool> = tree
         .nodes
         .iter()
@@ -183,16 +183,35 @@ fn opaque(n: &Node) -> bool {
 }
 
 /// Merge `trees` (the lowest first) into one, numbered as a scan numbers it.
-pub fn merge_trees(trees: &[Tree]) -> Tree {
-    let Some(top) = trees.len().checked_sub(1) else {
+/// `implicit[layer][node]`: a directory whose metadata the layer made up (a tar's
+/// implied parent): a merged directory takes the uppermost metadata that is not.
+pub fn merge_trees(trees: &[Tree], implicit: &[Vec<bool>]) -> Tree {
+    if trees.is_empty() {
         return Tree {
             nodes: Vec::new(),
             root: 0,
             packed: None,
             devices: Vec::new(),
         };
-    };
+    }
     let node = |l: usize, id: InodeId| &trees[l].nodes[id];
+    let made_up = |l: usize, id: InodeId| {
+        implicit
+            .get(l)
+            .and_then(|v| v.get(id))
+            .copied()
+            .unwrap_or(false)
+    };
+    // Whose metadata a merged directory shows: the uppermost not made up.
+    let meta = |s: &[(usize, InodeId)]| -> Node {
+        let &(l, id) = s.iter().find(|&&(l, id)| !made_up(l, id)).unwrap_or(&s[0]);
+        let mut n = node(l, id).clone();
+        n.kind = Kind::Dir {
+            entries: Vec::new(),
+            parent: 0,
+        };
+        n
+    };
     // The layers' directories behind a merged directory, the uppermost first.
     type Stack = Vec<(usize, InodeId)>;
     let below = |l: usize, id: InodeId, from: &[(usize, InodeId)], name: &[u8]| -> Stack {
@@ -231,12 +250,7 @@ pub fn merge_trees(trees: &[Tree]) -> Tree {
             break;
         }
     }
-    let mut root = node(top, trees[top].root).clone();
-    root.kind = Kind::Dir {
-        entries: Vec::new(),
-        parent: 0,
-    };
-    nodes.push(root);
+    nodes.push(meta(&root_stack));
     let mut work: Vec<(Stack, InodeId)> = vec![(root_stack, 0)];
     // Bounded: every layer directory is in one merged directory's stack (directories
     // have one name), and each stack is taken once.
@@ -257,28 +271,26 @@ pub fn merge_trees(trees: &[Tree]) -> Tree {
         let mut subdirs = Vec::new();
         for (name, l, c) in names {
             let n = node(l, c);
-            let is_dir = matches!(n.kind, Kind::Dir { .. });
-            let cid = match links.get(&(l, c)) {
-                Some(&m) if !is_dir => m,
-                _ => {
-                    let mut copy = n.clone();
-                    if is_dir {
-                        copy.kind = Kind::Dir {
-                            entries: Vec::new(),
-                            parent: mid,
-                        };
+            let cid = if matches!(n.kind, Kind::Dir { .. }) {
+                let s = below(l, c, &stack, name);
+                let mut d = meta(&s);
+                d.kind = Kind::Dir {
+                    entries: Vec::new(),
+                    parent: mid,
+                };
+                nodes.push(d);
+                subdirs.push((s, nodes.len() - 1));
+                nodes.len() - 1
+            } else {
+                match links.get(&(l, c)) {
+                    Some(&m) => m,
+                    None => {
+                        nodes.push(n.clone());
+                        links.insert((l, c), nodes.len() - 1);
+                        nodes.len() - 1
                     }
-                    nodes.push(copy);
-                    let m = nodes.len() - 1;
-                    if !is_dir {
-                        links.insert((l, c), m);
-                    }
-                    m
                 }
             };
-            if is_dir {
-                subdirs.push((below(l, c, &stack, name), cid));
-            }
             entries.push((name.to_vec(), cid));
         }
         if let Kind::Dir { entries: e, .. } = &mut nodes[mid].kind {
@@ -416,7 +428,7 @@ mod tests {
                 2,
             ),
         ]);
-        let m = merge_trees(&[lower, upper]);
+        let m = merge_trees(&[lower, upper], &[]);
         let got = listing(&m);
         let want: Vec<(String, u32)> = [
             ("", 0),
@@ -458,23 +470,48 @@ mod tests {
             dir(vec![("new", 2)], vec![]),
             file(3),
         ]);
-        let m = merge_trees(&[bottom, middle, top]);
+        let m = merge_trees(&[bottom, middle, top], &[]);
         let got: Vec<String> = listing(&m).into_iter().map(|x| x.0).collect();
         assert_eq!(got, vec!["", "/a", "/a/new"]);
+    }
+
+    #[test]
+    fn made_up_directories_keep_the_lower_metadata() {
+        let mut lower = tree(vec![dir(vec![("etc", 1)], vec![]), dir(vec![], vec![])]);
+        lower.nodes[0].uid = 7;
+        lower.nodes[1].uid = 8;
+        let upper = tree(vec![
+            dir(vec![("etc", 1), ("new", 3)], vec![]),
+            dir(vec![("f", 2)], vec![]),
+            file(2),
+            dir(vec![], vec![]),
+        ]);
+        // The upper root and etc/ are made up (a tar's implied parents); new/ too, with
+        // nothing under it to take metadata from.
+        let implicit = vec![Vec::new(), vec![true, true, false, true]];
+        let m = merge_trees(&[lower, upper], &implicit);
+        let got = listing(&m);
+        assert_eq!(
+            got,
+            [("", 7), ("/etc", 8), ("/etc/f", 2), ("/new", 0)]
+                .iter()
+                .map(|(p, u)| (p.to_string(), *u))
+                .collect::<Vec<_>>()
+        );
     }
 
     #[test]
     fn hardlinks_stay_within_their_layer() {
         let lower = tree(vec![dir(vec![("h1", 1), ("h2", 1)], vec![]), file(1)]);
         let upper = tree(vec![dir(vec![("h1", 1)], vec![]), file(2)]);
-        let m = merge_trees(&[lower, upper]);
+        let m = merge_trees(&[lower, upper], &[]);
         let got = listing(&m);
         assert_eq!(got[1], ("/h1".to_string(), 2));
         assert_eq!(got[2], ("/h2".to_string(), 1));
         assert_eq!(m.nodes[2].nlink, 1);
         let lower = tree(vec![dir(vec![("h1", 1), ("h2", 1)], vec![]), file(1)]);
         let upper = tree(vec![dir(vec![], vec![])]);
-        let m = merge_trees(&[lower, upper]);
+        let m = merge_trees(&[lower, upper], &[]);
         assert_eq!(m.nodes.len(), 2);
         assert_eq!(m.nodes[1].nlink, 2);
     }

@@ -60,6 +60,9 @@ impl TarInput {
 pub struct TarTree {
     pub tree: Tree,
     pub spools: Vec<tempfile::NamedTempFile>,
+    /// By node: a directory the input only implied (a parent of its entries, no entry
+    /// of its own): its metadata is made up, and a layer under it keeps its own.
+    pub implicit: Vec<bool>,
 }
 
 /// Longest GNU long name / link name, PAX header, and ACL text accepted.
@@ -163,11 +166,15 @@ pub fn scan_tars(inputs: &[TarInput], spool_dir: &Path, opts: &BuildOptions) -> 
         spools.extend(s);
         tar_len = len;
     }
-    let mut tree = a.finish(opts)?;
+    let (mut tree, implicit) = a.finish(opts)?;
     if opts.tar_index {
         tree.devices = vec![crate::scan::Device::untagged(tar_len.div_ceil(512))];
     }
-    Ok(TarTree { tree, spools })
+    Ok(TarTree {
+        tree,
+        spools,
+        implicit,
+    })
 }
 
 /// Where an input's file data goes.
@@ -1354,7 +1361,7 @@ impl Arena {
 
     /// The tree, inodes numbered as `scan` numbers a directory's: the root, then for
     /// each directory in depth-first pre-order all of its entries in name order.
-    fn finish(mut self, o: &BuildOptions) -> Result<Tree> {
+    fn finish(mut self, o: &BuildOptions) -> Result<(Tree, Vec<bool>)> {
         let newest = if self.newest.0 == i64::MIN {
             (0, 0)
         } else {
@@ -1366,8 +1373,10 @@ impl Arena {
         let excl = crate::scan::Excludes::new(o);
         let excluded = |rel: &[u8]| excl.matches(rel);
         let mut nodes: Vec<Node> = Vec::new();
+        let mut implicit: Vec<bool> = Vec::new();
         let mut map: HashMap<usize, InodeId> = HashMap::new();
-        let mk = |src: &TNode, rel: Vec<u8>, nodes: &mut Vec<Node>| -> InodeId {
+        let mut mk = |src: &TNode, rel: Vec<u8>, nodes: &mut Vec<Node>| -> InodeId {
+            implicit.push(src.implicit);
             let kind = match &src.kind {
                 TKind::Dir(_) => Kind::Dir {
                     entries: Vec::new(),
@@ -1442,17 +1451,23 @@ impl Arena {
             devices: Vec::new(),
         };
         if o.ovlfs_strip {
-            strip_overlay(&mut tree);
+            let gone = strip_overlay(&mut tree);
+            let mut i = 0;
+            implicit.retain(|_| {
+                i += 1;
+                !gone.get(i - 1).copied().unwrap_or(false)
+            });
         }
         fix_nlinks(&mut tree);
-        Ok(tree)
+        Ok((tree, implicit))
     }
 }
 
 /// `--ovlfs-strip`: drop overlayfs whiteouts (char 0:0) and opaque markers, as
 /// mkfs.erofs 1.9.3 does. Inodes left unnamed stay in the node list but are
-/// unreachable; they are removed by renumbering.
-pub fn strip_overlay(tree: &mut Tree) {
+/// unreachable; they are removed by renumbering. Returns which nodes went (by their
+/// old ids; the others keep their order).
+pub fn strip_overlay(tree: &mut Tree) -> Vec<bool> {
     let wh: Vec<bool> = tree
         .nodes
         .iter()
@@ -1462,7 +1477,7 @@ pub fn strip_overlay(tree: &mut Tree) {
         for n in &mut tree.nodes {
             n.xattrs.retain(|(k, _)| k != OVL_OPAQUE);
         }
-        return;
+        return wh;
     }
     for n in &mut tree.nodes {
         n.xattrs.retain(|(k, _)| k != OVL_OPAQUE);
@@ -1493,6 +1508,7 @@ pub fn strip_overlay(tree: &mut Tree) {
         tree.nodes.push(n);
     }
     tree.root = new_id[tree.root];
+    wh
 }
 
 #[cfg(test)]

@@ -33,6 +33,16 @@ pub struct BuildArgs {
     /// with a warning.
     #[arg(long)]
     by_reference: bool,
+    /// Build SOURCE (a directory, or the `--tar` streams, each a layer) as a layer on
+    /// top of the EROFS image BASE, as overlayfs stacks layers (mkfs.erofs's
+    /// `--incremental`): its entries win their names, its whiteouts (char 0:0; OCI
+    /// `.wh.` entries with `--aufs`) and opaque directories hide BASE's entries, a
+    /// directory a tar only implies keeps BASE's metadata. IMAGE is a new image of the
+    /// stack (BASE's files read and stored anew with the build's options); it may be
+    /// BASE itself, replaced when the build succeeds. `--ovlfs-strip` drops the
+    /// whiteouts and markers after the merge.
+    #[arg(long, value_name = "BASE")]
+    base: Option<PathBuf>,
     /// Build from a tar archive instead of a directory: a file or `-` for stdin;
     /// gzip, xz, zstd and bzip2 streams are detected. Repeat it to flatten a stack of
     /// OCI layers into one tree (later layers win, whiteouts applied).
@@ -1026,7 +1036,20 @@ pub fn run(mut a: BuildArgs) -> Result<()> {
         }
         bail!("build: several sources, or --by-reference, take EROFS images only");
     }
-    let built = if all_images && (layers.len() > 1 || a.by_reference) {
+    if let Some(base) = &a.base {
+        if !crate::source::is_erofs_file(base) {
+            bail!("--base {}: not an EROFS image", base.display());
+        }
+        if a.tar_index {
+            bail!("--base with --tar-index: the tar index refers to one tar, not a stack");
+        }
+        if a.tar.is_empty() && !(layers.len() == 1 && layers[0].is_dir()) {
+            bail!("--base: SOURCE must be a directory or --tar streams");
+        }
+    }
+    let built = if let (Some(base), true) = (&a.base, a.tar.is_empty()) {
+        ferofs_builder::build_onto(base, ferofs_builder::Layer::Dir(&layers[0]), &image, &opts)
+    } else if all_images && (layers.len() > 1 || a.by_reference) {
         if !crate::source::devices().is_empty() && layers.len() > 1 {
             bail!("build: --device names the extra devices of one source image, not of several");
         }
@@ -1055,7 +1078,15 @@ pub fn run(mut a: BuildArgs) -> Result<()> {
         {
             bail!("--tar -: stdin can be read once");
         }
-        ferofs_builder::build_from_tars(&inputs, &image, &opts)
+        match &a.base {
+            Some(base) => ferofs_builder::build_onto(
+                base,
+                ferofs_builder::Layer::Tars(&inputs),
+                &image,
+                &opts,
+            ),
+            None => ferofs_builder::build_from_tars(&inputs, &image, &opts),
+        }
     };
     if let Some(v) = view {
         v.finish();

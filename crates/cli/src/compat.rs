@@ -12,12 +12,7 @@ use anyhow::{bail, Result};
 use std::ffi::OsString;
 
 /// mkfs.erofs options ferofs knows but does not implement (a clear error).
-const UNSUPPORTED_LONG: [&str; 4] = [
-    "incremental",
-    "gzinfo",
-    "random-pclusterblks",
-    "random-algorithms",
-];
+const UNSUPPORTED_LONG: [&str; 3] = ["gzinfo", "random-pclusterblks", "random-algorithms"];
 
 /// Long options whose value may be the next argument.
 const LONG_WITH_VALUE: [&str; 24] = [
@@ -54,6 +49,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
     let mut pos: Vec<OsString> = Vec::new();
     let mut tar: Option<char> = None;
     let mut clean_data = false;
+    let mut incremental = false;
     let mut oci: Option<Vec<OsString>> = None;
     let mut s3: Option<Vec<OsString>> = None;
     let mut compress = false;
@@ -122,6 +118,15 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                 // A full build is all ferofs does (mkfs.erofs's default).
                 // Image sources: their data copied, not referred to.
                 "clean" if matches!(inline.as_deref(), None | Some("data")) => clean_data = true,
+                // On top of the image IMAGE already holds: a new image of the stack
+                // (`--base IMAGE`), written over it.
+                "incremental" if matches!(inline.as_deref(), None | Some("data")) => {
+                    incremental = true
+                }
+                "incremental" => bail!(
+                    "mkfs.erofs: --incremental={}: only --incremental=data is implemented by ferofs",
+                    inline.as_deref().unwrap_or("")
+                ),
                 "clean" => bail!(
                     "mkfs.erofs: --clean={}: only full builds (--clean or --clean=data) are implemented by ferofs",
                     inline.as_deref().unwrap_or("")
@@ -380,6 +385,10 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
         bail!("mkfs.erofs: missing IMAGE (usage: mkfs.erofs [OPTIONS] IMAGE SOURCE)");
     };
     let sources = &pos[1..];
+    if incremental {
+        out.push("--base".into());
+        out.push(image.clone());
+    }
     for (name, opts, what) in [
         ("--oci", oci, "the image reference"),
         ("--s3", s3, "BUCKET[/PREFIX]"),
@@ -412,7 +421,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
         // EROFS images as sources (mkfs.erofs's rebuild mode): merged, the later ones
         // on top; referred to in place (the images become extra devices) unless
         // `--clean[=data]` asks their data copied.
-        None if sources.len() > 1
+        None if !incremental && sources.len() > 1
             || sources
                 .first()
                 .is_some_and(|s| crate::source::is_erofs_file(std::path::Path::new(s))) =>
@@ -799,6 +808,24 @@ mod tests {
         for args in [&["--clean=rvsp", "o", "s"][..], &["--clean=0", "o", "s"]] {
             let e = t(args).expect_err("refused").to_string();
             assert!(e.contains("--clean="), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn incremental_builds_go_onto_the_image_as_base() {
+        assert_eq!(
+            t(&["--incremental=data", "o", "s"]).expect("translate"),
+            ["-z", "none", "--base", "o", "s", "o"]
+        );
+        assert_eq!(
+            t(&["--tar=f", "--incremental", "o", "l.tar"]).expect("translate"),
+            ["-z", "none", "--base", "o", "--tar", "l.tar", "o"]
+        );
+        for v in ["rvsp", "0"] {
+            let e = t(&[&format!("--incremental={v}"), "o", "s"])
+                .expect_err("refused")
+                .to_string();
+            assert!(e.contains("--incremental="), "{e}");
         }
     }
 

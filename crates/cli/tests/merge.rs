@@ -281,3 +281,87 @@ fn layers_merge_by_reference_and_by_copy() {
     assert!(!out.status.success());
     assert!(!bad.exists());
 }
+
+/// `ferofs build --base BASE.erofs --tar LAYER.tar IMAGE` (mkfs.erofs's
+/// `--incremental=data`): an OCI layer laid on an image. The layer replaces a file,
+/// deletes one (`.wh.`), makes a directory opaque (`.wh..wh..opq`) and only implies
+/// `etc/` and the root, which keep the base's metadata.
+#[test]
+fn a_tar_layer_onto_a_base_image() {
+    if !kernel_available("a_tar_layer_onto_a_base_image") {
+        return;
+    }
+    let t = scratch("onto");
+    let (l, _, _) = layers(t.path());
+    let base = t.path().join("base.erofs");
+    build(&l, &base, &[]);
+    let t2 = t.path().join("t2");
+    put(&t2, "etc/hostname", b"incremental\n");
+    put(&t2, "etc/.wh.passwd", b"");
+    put(&t2, "opt/.wh..wh..opq", b"");
+    put(&t2, "opt/new", b"n");
+    let tar = t.path().join("t2.tar");
+    sh(Command::new("tar")
+        .arg("-C")
+        .arg(&t2)
+        .args(["--format=posix", "-cf"])
+        .arg(&tar)
+        .args(["etc/hostname", "etc/.wh.passwd", "opt"]));
+    // The stack, by hand.
+    let e = t.path().join("stack");
+    sh(Command::new("cp").arg("-a").arg(&l).arg(&e));
+    for gone in ["etc/hostname", "etc/passwd", "opt"] {
+        sh(Command::new("rm").arg("-rf").arg(e.join(gone)));
+    }
+    std::fs::create_dir(e.join("opt")).expect("mkdir");
+    for f in ["etc/hostname", "opt/new"] {
+        sh(Command::new("cp").arg("-a").arg(t2.join(f)).arg(e.join(f)));
+    }
+    same_meta(&t2.join("opt"), &e.join("opt"));
+    same_meta(&l.join("etc"), &e.join("etc"));
+    same_meta(&l, &e);
+
+    let img = t.path().join("out.erofs");
+    let out = run(&[
+        &"build",
+        &"-q",
+        &"--aufs",
+        &"--ovlfs-strip=1",
+        &"--base",
+        &base,
+        &"--tar",
+        &tar,
+        &img,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let x = t.path().join("x");
+    assert_image_holds(&img, &e, &x, "a tar layer onto a base");
+    // mkfs.erofs's spelling, as Blaxel's builder runs it: the image updated in place.
+    let inc = t.path().join("inc.erofs");
+    std::fs::copy(&base, &inc).expect("copy");
+    mkfs_dropin(
+        t.path(),
+        &[
+            &"--tar=f",
+            &"--aufs",
+            &"--ovlfs-strip=1",
+            &"--sort=none",
+            &"-Enoinline_data",
+            &"--incremental=data",
+            &"--quiet",
+            &inc,
+            &tar,
+        ],
+    );
+    with_kernel_mount(&inc, &[], |m| assert_same_tree(&e, m));
+    // A base that is not an image: an error, nothing written.
+    let bad = t.path().join("bad.erofs");
+    let out = run(&[&"build", &"--base", &tar, &"--tar", &tar, &bad]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not an EROFS image"));
+    assert!(!bad.exists());
+}

@@ -340,7 +340,8 @@ fn a_tar_layer_onto_a_base_image() {
     );
     let x = t.path().join("x");
     assert_image_holds(&img, &e, &x, "a tar layer onto a base");
-    // mkfs.erofs's spelling, as Blaxel's builder runs it: the image updated in place.
+    // mkfs.erofs's spelling, as image builders run it layer by layer: the image
+    // updated in place.
     let inc = t.path().join("inc.erofs");
     std::fs::copy(&base, &inc).expect("copy");
     mkfs_dropin(

@@ -1027,9 +1027,25 @@ pub fn run(a: CheckArgs) -> Result<bool> {
         .max()
         .unwrap_or(0);
     if devices_end > image_len && !crate::source::has_devices() {
+        // A merged layer's slot is tagged with the layer's UUID: name it.
+        let tags: Vec<String> = img
+            .device_slots()
+            .iter()
+            .enumerate()
+            .filter_map(|(k, d)| {
+                let end = d.tag.iter().position(|&b| b == 0).unwrap_or(d.tag.len());
+                let tag = std::str::from_utf8(&d.tag[..end]).ok()?;
+                (!tag.is_empty()).then(|| format!("device {}: tag {tag}", k + 1))
+            })
+            .collect();
         eprintln!(
-            "note: the image has {} extra device(s) (data stored elsewhere: a --blobdev blob, the tar of a tar index); give them with --device FILE",
-            img.device_slots().len()
+            "note: the image has {} extra device(s) (data stored elsewhere: a --blobdev blob, the tar of a tar index, merged layers{}); give them with --device FILE",
+            img.device_slots().len(),
+            if tags.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", tags.join(", "))
+            }
         );
     }
     let rep = check_image(&img, image_len, a.verbose, &bad_blocks);

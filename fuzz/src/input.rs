@@ -3,7 +3,7 @@
 //! Any bytes are written to a file and built into an image with default options (no
 //! compression, one thread). A build may fail with an error, never panic, hang or
 //! allocate without bound; a build that succeeds must give an image the reader opens
-//! and walks. A tar is built twice: read in place, and gzipped (read as a stream, its
+//! and walks; an EROFS image is also merged with itself by reference. A tar is built twice: read in place, and gzipped (read as a stream, its
 //! file contents spooled); both must fail, or give the same image.
 
 use ferofs_builder::{BuildOptions, TarInput};
@@ -26,7 +26,7 @@ pub fn run(kind: Kind, data: &[u8]) {
         ..BuildOptions::default()
     };
     let r = match kind {
-        Kind::Tar => ferofs_builder::build_from_tars(&[TarInput::File(input)], &out, &opts),
+        Kind::Tar => ferofs_builder::build_from_tars(&[TarInput::File(input.clone())], &out, &opts),
         Kind::Squashfs => ferofs_builder::build_from_squashfs(&input, &out, &opts),
         Kind::Erofs => ferofs_builder::build_from_erofs(&input, &out, &opts),
     };
@@ -48,7 +48,22 @@ pub fn run(kind: Kind, data: &[u8]) {
             r2.is_ok()
                 .then(|| std::fs::read(&out2).expect("read streamed image"))
         }
-        Kind::Squashfs | Kind::Erofs => None,
+        Kind::Erofs => {
+            // The image merged with itself, by reference (the merge and the check of
+            // which files lie in one piece see the hostile image too): an error and no
+            // output, or an image the reader opens.
+            let merged = dir.path().join("merged.erofs");
+            let layers = [input.clone(), input.clone()];
+            match ferofs_builder::build_from_images(&layers, &merged, &opts, true) {
+                Ok(_) => {
+                    let m = std::fs::read(&merged).expect("read merged image");
+                    ferofs_reader::Image::new(m).expect("the reader opens a merged image");
+                }
+                Err(_) => assert!(!merged.exists(), "a failed merge left its output behind"),
+            }
+            None
+        }
+        Kind::Squashfs => None,
     };
     if r.is_err() {
         assert!(!out.exists(), "a failed build left its output behind");

@@ -45,6 +45,50 @@ pub struct CheckArgs {
     /// the end of the image as its superblock gives it, rounded up to 4096.
     #[arg(long, value_name = "BYTES", requires = "verity")]
     pub verity_hash_offset: Option<u64>,
+    /// Do not verify the superblock checksum (fsck.erofs's `--no-sbcrc`): for an image
+    /// whose superblock a tool changed in place without updating it. Everything else
+    /// is checked.
+    #[arg(long)]
+    pub no_sb_checksum: bool,
+    /// Also print the compression ratio of all regular files (fsck.erofs's `-p`):
+    /// the blocks their stored extents take against the blocks their sizes take.
+    #[arg(long)]
+    pub ratio: bool,
+}
+
+/// (logical, physical) blocks of every regular file, each counted once, as
+/// fsck.erofs's `-p` counts them: its size in blocks, and the bytes its extents
+/// store (inline tails and fragments included, holes not) rounded up to blocks; the
+/// packed inode's stored bytes count as physical only.
+fn compression_blocks(img: &Image) -> (u64, u64) {
+    let bs = u64::from(img.block_size());
+    let stored = |ino: &ferofs_reader::Inode| {
+        let b: u64 = img
+            .extents(ino)
+            .unwrap_or_default()
+            .iter()
+            .fold(0u64, |a, e| a.saturating_add(e.stored));
+        b.div_ceil(bs)
+    };
+    let mut seen = HashSet::new();
+    let (mut logical, mut physical) = (0u64, 0u64);
+    let Ok(root) = img.inode(img.root_nid()) else {
+        return (0, 0);
+    };
+    let _ = img.walk_from(&root, |_, ino| {
+        if ino.is_regular() && seen.insert(ino.nid) {
+            logical = logical.saturating_add(ino.size.div_ceil(bs));
+            physical = physical.saturating_add(stored(ino));
+        }
+        Ok(())
+    });
+    let sb = img.superblock();
+    if sb.feature_incompat & ferofs_format::sb::INCOMPAT_FRAGMENTS != 0 {
+        if let Ok(p) = img.inode(sb.packed_nid) {
+            physical = physical.saturating_add(stored(&p));
+        }
+    }
+    (logical, physical)
 }
 
 /// One problem found.
@@ -1006,6 +1050,12 @@ pub fn run(a: CheckArgs) -> Result<bool> {
             .collect()
     });
     let (img, mut problems) = match open_for_check(&a.image) {
+        Ok((img, p)) if a.no_sb_checksum => (
+            img,
+            p.into_iter()
+                .filter(|p| p.paths != ["(superblock)"])
+                .collect(),
+        ),
         Ok(x) => x,
         Err(e) => {
             if let Some(v) = &verity {
@@ -1057,9 +1107,22 @@ pub fn run(a: CheckArgs) -> Result<bool> {
     if verity.as_ref().is_some_and(|v| v.report.more > 0) {
         s.truncated = true;
     }
+    let ratio = a.ratio.then(|| compression_blocks(&img));
+    let percent = |(l, p): (u64, u64)| {
+        if l == 0 {
+            0.0
+        } else {
+            p as f64 * 100.0 / l as f64
+        }
+    };
     let mut out = std::io::stdout().lock();
     if a.json {
         let v = json!({
+            "compression": ratio.map(|r| json!({
+                "logical_blocks": r.0,
+                "physical_blocks": r.1,
+                "ratio_percent": percent(r),
+            })),
             "image": a.image.display().to_string(),
             "clean": problems.is_empty(),
             "problems": problems.iter().map(Problem::to_json).collect::<Vec<_>>(),
@@ -1136,6 +1199,15 @@ pub fn run(a: CheckArgs) -> Result<bool> {
             s.inodes,
             s.bytes_read
         )?;
+        if let Some(r) = ratio {
+            writeln!(
+                out,
+                "Compression ratio: {:.2}(%): {} blocks stored for {} blocks of file data",
+                percent(r),
+                r.1,
+                r.0
+            )?;
+        }
     }
     Ok(problems.is_empty())
 }

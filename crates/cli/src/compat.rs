@@ -1209,13 +1209,18 @@ fn one_image(prog: &str, pos: Vec<OsString>) -> Result<OsString> {
 pub fn fsck_to_ferofs(args: &[OsString]) -> Result<Vec<OsString>> {
     let mut pos = Vec::new();
     let (mut extract, mut path) = (None::<String>, None::<String>);
-    let (mut overwrite, mut owner, mut xattrs) = (false, true, false);
+    // fsck.erofs restores owners and exact modes for root only, by default.
+    let root = rustix::process::geteuid().is_root();
+    let (mut overwrite, mut owner, mut perms, mut xattrs) = (false, root, root, false);
     let mut offset = None::<String>;
     let mut devices: Vec<String> = Vec::new();
+    let mut no_sbcrc = false;
+    let mut ratio = false;
     for a in split_args(args, &['d']) {
         match a {
             Arg::Pos(p) => pos.push(p),
             Arg::Short('d', _) | Arg::Short('a', _) | Arg::Short('A', _) | Arg::Short('y', _) => {}
+            Arg::Short('p', _) => ratio = true,
             Arg::Short('V', _) => return Ok(vec!["--version".into()]),
             Arg::Short('h', _) => return Ok(vec!["check".into(), "--help".into()]),
             Arg::Short(c, _) => bail!("fsck.erofs: option -{c} is not implemented by ferofs"),
@@ -1224,16 +1229,18 @@ pub fn fsck_to_ferofs(args: &[OsString]) -> Result<Vec<OsString>> {
                 ("path", Some(p)) => path = Some(p),
                 ("offset", Some(o)) => offset = Some(o),
                 ("device", Some(d)) => devices.push(d),
-                ("force", None) | ("preserve", None) | ("preserve-perms", None) => {}
-                ("no-preserve-perms", None) => {
-                    bail!("fsck.erofs: --no-preserve-perms is not implemented by ferofs")
-                }
+                ("force", None) => {}
+                ("preserve", None) => (owner, perms) = (true, true),
+                ("preserve-perms", None) => perms = true,
+                ("no-preserve-perms", None) => perms = false,
                 // ferofs check verifies every content fingerprint an image records
                 // (`--xattr-inode-digest` images) whenever it has them.
                 ("xattr-inode-digest", None) => {}
+                ("no-sbcrc", None) => no_sbcrc = true,
                 ("overwrite", None) => overwrite = true,
                 ("preserve-owner", None) => owner = true,
-                ("no-preserve", None) | ("no-preserve-owner", None) => owner = false,
+                ("no-preserve", None) => (owner, perms) = (false, false),
+                ("no-preserve-owner", None) => owner = false,
                 ("xattrs", None) => xattrs = true,
                 ("no-xattrs", None) => xattrs = false,
                 ("version", None) => return Ok(vec!["--version".into()]),
@@ -1244,6 +1251,16 @@ pub fn fsck_to_ferofs(args: &[OsString]) -> Result<Vec<OsString>> {
     }
     let image = one_image("fsck.erofs", pos)?;
     let mut v = fsck_command(image, extract, path, overwrite, owner, xattrs)?;
+    if !perms && v.first().is_some_and(|c| c == "extract") {
+        v.push("--no-same-permissions".into());
+    }
+    if no_sbcrc {
+        v.push("--no-sb-checksum".into());
+    }
+    // fsck.erofs prints the ratio after checking; an extraction checks too.
+    if ratio && v.first().is_some_and(|c| c == "check") {
+        v.push("--ratio".into());
+    }
     if let Some(o) = offset {
         v.extend(["--offset".into(), o.into()]);
     }
@@ -1505,6 +1522,27 @@ mod fsck_dump_tests {
         assert_eq!(
             fsck_to_ferofs(&os(&["--extract=o", "--no-preserve-owner", "img"])).expect("f"),
             os(&["extract", "img", "o", "--no-owner", "--no-xattrs"])
+        );
+        assert_eq!(
+            fsck_to_ferofs(&os(&["--extract=o", "--no-preserve-perms", "img"])).expect("f"),
+            os(&[
+                "extract",
+                "img",
+                "o",
+                "--no-xattrs",
+                "--no-same-permissions"
+            ])
+        );
+        assert_eq!(
+            fsck_to_ferofs(&os(&["--extract=o", "--no-preserve", "img"])).expect("f"),
+            os(&[
+                "extract",
+                "img",
+                "o",
+                "--no-owner",
+                "--no-xattrs",
+                "--no-same-permissions"
+            ])
         );
         assert_eq!(
             fsck_to_ferofs(&os(&["--offset=4096", "img"])).expect("f"),

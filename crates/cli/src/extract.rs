@@ -45,6 +45,13 @@ pub struct ExtractArgs {
     /// Allow extracting into a non-empty directory.
     #[arg(long)]
     force: bool,
+    /// Permission bits masked by this process's umask (as `tar` does for ordinary
+    /// users; fsck.erofs's `--no-preserve-perms`), instead of restored exactly.
+    #[arg(long)]
+    no_same_permissions: bool,
+    /// Do not verify the superblock checksum (fsck.erofs's `--no-sbcrc`).
+    #[arg(long)]
+    no_sb_checksum: bool,
 }
 
 struct Entry {
@@ -64,7 +71,11 @@ fn join(base: &Path, rel: &[u8]) -> PathBuf {
 }
 
 pub fn run(a: ExtractArgs) -> Result<()> {
-    let img = open(&a.image)?;
+    let img = if a.no_sb_checksum {
+        crate::list::open_ignoring_checksum(&a.image)?
+    } else {
+        open(&a.image)?
+    };
     if a.threads > 0 {
         rayon::ThreadPoolBuilder::new()
             .num_threads(a.threads)
@@ -120,6 +131,15 @@ pub fn run(a: ExtractArgs) -> Result<()> {
             link_to: None,
             depth: 1,
         });
+    }
+
+    if a.no_same_permissions {
+        let mask = process_umask();
+        for e in &mut entries {
+            if !e.ino.is_symlink() {
+                e.ino.mode &= !mask;
+            }
+        }
     }
 
     // Modes are set explicitly: files are created with their final mode where possible
@@ -396,4 +416,11 @@ fn apply_meta(img: &Image, e: &Entry, a: &ExtractArgs) -> Result<()> {
     )
     .with_context(ctx)?;
     Ok(())
+}
+
+/// This process's umask (permission bits only).
+fn process_umask() -> u16 {
+    let old = rustix::process::umask(rustix::fs::Mode::empty());
+    rustix::process::umask(old);
+    (old.bits() & 0o7777) as u16
 }

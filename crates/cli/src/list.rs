@@ -19,6 +19,13 @@ pub fn open_with(image: &Path, devices: bool) -> Result<Image> {
     Image::new(src).map_err(|e| crate::source::cannot_open(image, e))
 }
 
+/// [`open`], not verifying the superblock checksum (`--no-sb-checksum`).
+pub fn open_ignoring_checksum(image: &Path) -> Result<Image> {
+    let src = crate::source::open_src_with(image, crate::source::has_devices())
+        .with_context(|| format!("cannot open image {}", image.display()))?;
+    Image::new_ignoring_checksum(src).map_err(|e| crate::source::cannot_open(image, e))
+}
+
 /// [`open`] for one of several images on one command line (`diff`): the `--device`
 /// files go to an image whose device table has extra devices, not to one without.
 pub fn open_one_of(image: &Path) -> Result<Image> {

@@ -1053,6 +1053,21 @@ pub fn run(mut a: BuildArgs) -> Result<()> {
         if !crate::source::devices().is_empty() && layers.len() > 1 {
             bail!("build: --device names the extra devices of one source image, not of several");
         }
+        if a.by_reference {
+            // The image would refer to the file it replaces.
+            use std::os::unix::fs::MetadataExt;
+            let id = |p: &std::path::Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+            if let Some(l) = layers
+                .iter()
+                .find(|l| id(l).is_some() && id(l) == id(&image))
+            {
+                bail!(
+                    "--by-reference: the output {} is the layer {} it would refer to",
+                    image.display(),
+                    l.display()
+                );
+            }
+        }
         opts.source_devices = crate::source::devices();
         ferofs_builder::build_from_images(layers, &image, &opts, a.by_reference)
     } else if a.tar.is_empty() && ferofs_builder::squashfs::is_squashfs(&a.paths[0]) {

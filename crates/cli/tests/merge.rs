@@ -280,6 +280,15 @@ fn layers_merge_by_reference_and_by_copy() {
     let out = run(&[&"build", &"--by-reference", &l, &bad]);
     assert!(!out.status.success());
     assert!(!bad.exists());
+    // By reference, the output cannot replace a layer it refers to.
+    let before = std::fs::read(&ui).expect("read");
+    let out = run(&[&"build", &"--by-reference", &li, &ui, &ui]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("would refer to"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&ui).expect("read"), before);
 }
 
 /// `ferofs build --base BASE.erofs --tar LAYER.tar IMAGE` (mkfs.erofs's

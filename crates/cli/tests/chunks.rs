@@ -330,18 +330,7 @@ fn blobdev_puts_the_data_on_an_extra_device() {
     if let Err(e) = mounted {
         std::panic::resume_unwind(e);
     }
-    if let Some(fsck) = ferofs_testkit::fsck_erofs_metabox() {
-        let out = std::process::Command::new(&fsck)
-            .arg(format!("--device={b}"))
-            .arg(&img)
-            .output()
-            .expect("run fsck.erofs");
-        assert!(
-            out.status.success(),
-            "fsck.erofs --device: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    ferofs_testkit::fsck_metabox_devices(&img, &[&blob], "--blobdev");
     assert_image_holds(&both, &tree, &x, "image + blob");
     // The image and the blob as they are: `--device` (check, extract, FUSE mount;
     // `diff` gives it to the image that has a device, not to the other).

@@ -208,19 +208,7 @@ fn layers_merge_by_reference_and_by_copy() {
     ok(&[&"extract", &"--device", &li, &"--device", &ui, &refimg, &x]);
     assert_same_tree(&e, &x);
     std::fs::remove_dir_all(&x).expect("rm");
-    if let Some(fsck) = ferofs_testkit::fsck_erofs_metabox() {
-        let out = Command::new(&fsck)
-            .arg(format!("--device={}", li.display()))
-            .arg(format!("--device={}", ui.display()))
-            .arg(&refimg)
-            .output()
-            .expect("run fsck.erofs");
-        assert!(
-            out.status.success(),
-            "fsck.erofs --device: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    ferofs_testkit::fsck_metabox_devices(&refimg, &[&li, &ui], "merged by reference");
 
     // By copy, re-encoded, whiteouts and opaque markers stripped: a self-contained
     // image of the stack.

@@ -333,6 +333,26 @@ pub fn fsck_metabox(image: &Path, what: &str) {
     }
 }
 
+/// Run an fsck.erofs that knows metabox images on `image` with `devices` as its extra
+/// devices (`--device=` each, in order), panicking with `what` when it fails; nothing
+/// (a loud SKIPPED line) when there is none.
+pub fn fsck_metabox_devices(image: &Path, devices: &[&Path], what: &str) {
+    let Some(fsck) = fsck_erofs_metabox() else {
+        eprintln!("SKIPPED fsck.erofs --device for {what}: no fsck.erofs 1.9+");
+        return;
+    };
+    let out = Command::new(&fsck)
+        .args(devices.iter().map(|d| format!("--device={}", d.display())))
+        .arg(image)
+        .output()
+        .expect("run fsck.erofs");
+    assert!(
+        out.status.success(),
+        "{what}: fsck.erofs --device: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Run `fsck` (an fsck.erofs) on `image`; Err(output) on failure.
 pub fn fsck_erofs_with(fsck: &Path, image: &Path) -> Result<String, String> {
     let out = Command::new(fsck)

@@ -308,7 +308,7 @@ pub fn reserve_blob_slot(
     if o.compression.is_some() || o.chunks.is_none() || !tree.devices.is_empty() {
         return Err(BuildError::Options(
             "--blobdev: chunks of an uncompressed image (--chunksize, -z none), not with \
-             a tar index"
+             other extra devices (a tar index, layers merged by reference)"
                 .into(),
         ));
     }

@@ -103,6 +103,9 @@ pub enum Layout {
         device: u16,
         blkaddr: u32,
         count: u32,
+        /// One more chunk, the file's last, at this block of the image (device 0):
+        /// a tail that is not on the device.
+        tail_blk: Option<u32>,
     },
     /// COMPRESSED_COMPACT (or COMPRESSED_FULL when `full_index`).
     Compressed(ZFile),

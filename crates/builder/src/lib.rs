@@ -138,9 +138,10 @@ pub fn build_from_erofs(source: &Path, output: &Path, opts: &BuildOptions) -> Re
 /// Merge the EROFS images `layers` (the lowest first, as overlayfs stacks them) into
 /// one image at `output`. The files' bytes are copied (re-encoded with the build's
 /// options), or with `by_reference`, the new image refers to them where they are in
-/// the layers, which become its extra devices in the order given; files that cannot be
-/// referred to (not in one aligned piece: inline tails, compressed, with holes) are
-/// copied, and the report's warnings say how many.
+/// the layers, which become its extra devices in the order given; a file whose full
+/// blocks are there but whose tail is inline has the tail copied into a block of the
+/// image; files that cannot be referred to (smaller than a block, compressed, with
+/// holes) are copied, and the report's warnings say how many.
 pub fn build_from_images(
     layers: &[std::path::PathBuf],
     output: &Path,
@@ -153,7 +154,8 @@ pub fn build_from_images(
     if m.copied.0 > 0 {
         r.warnings.push(format!(
             "{} files ({} bytes) copied into the image: their data is not in one \
-             block-aligned piece of their source image (inline tails, compressed, holes)",
+             block-aligned piece of their source image (smaller than a block, compressed, \
+             holes)",
             m.copied.0, m.copied.1
         ));
     }

@@ -15,8 +15,10 @@
 //! the data stages), or, by reference, a file whose bytes lie in one piece on block
 //! boundaries of its layer becomes a [`Source::External`] on the extra device that is
 //! its layer: the new image then holds the metadata, and the layers, in the order
-//! given, are its devices. Files stored otherwise (inline tails, compressed, with
-//! holes, on a layer's own extra device) are copied.
+//! given, are its devices. A file whose last, partial block is an inline tail has
+//! its full blocks referred to and the tail copied into a block of the image (one more
+//! chunk, on the image itself). Files stored otherwise (smaller than a block,
+//! compressed, with holes, on a layer's own extra device) are copied.
 
 use crate::erofsin::{self, ErofsImage};
 use crate::options::*;
@@ -41,6 +43,9 @@ pub struct Merged {
     /// Regular files that had to be copied by reference (not in one aligned piece),
     /// and their bytes.
     pub copied: (u64, u64),
+    /// Files referred to but for their inline tails, which are copied, and the tails'
+    /// bytes.
+    pub tails: (u64, u64),
 }
 
 /// Merge the EROFS images `layers` (the lowest first). With `by_reference`, files in
@@ -66,9 +71,11 @@ pub fn merge_images(layers: &[PathBuf], opts: &BuildOptions, by_reference: bool)
     let mut tree = merge_trees(&trees, &[]);
     drop(trees);
     let mut copied = (0u64, 0u64);
+    let mut tails = (0u64, 0u64);
     if by_reference {
         let bs = u64::from(opts.block_size);
         let mut devices = Vec::with_capacity(images.len());
+        let mut lens = Vec::with_capacity(images.len());
         for (img, path) in images.iter().zip(layers) {
             let bytes = img
                 .img
@@ -80,6 +87,7 @@ pub fn merge_images(layers: &[PathBuf], opts: &BuildOptions, by_reference: bool)
                 blocks: bytes.div_ceil(bs),
                 tag: uuid_tag(&img.img.info().uuid),
             });
+            lens.push(bytes);
         }
         tree.devices = devices;
         for n in &mut tree.nodes {
@@ -93,12 +101,18 @@ pub fn merge_images(layers: &[PathBuf], opts: &BuildOptions, by_reference: bool)
             let Some(k) = images.iter().position(|i| Arc::ptr_eq(i, &f.image)) else {
                 continue;
             };
-            match in_one_piece(&f.image, &f.ino, bs) {
-                Some(blkaddr) => {
+            match in_one_piece(&f.image, &f.ino, bs, lens[k]) {
+                Some((blkaddr, inline_tail)) => {
+                    let tail = inline_tail.then(|| f.clone());
+                    if inline_tail {
+                        tails.0 += 1;
+                        tails.1 += *size % bs;
+                    }
                     *src = Source::External {
                         device: u16::try_from(k + 1)
                             .map_err(|_| BuildError::Options("too many source images".into()))?,
                         blkaddr,
+                        tail,
                     }
                 }
                 None => {
@@ -113,19 +127,52 @@ pub fn merge_images(layers: &[PathBuf], opts: &BuildOptions, by_reference: bool)
         crate::tarball::strip_overlay(&mut tree);
         fix_nlinks(&mut tree);
     }
-    Ok(Merged { tree, copied })
+    Ok(Merged {
+        tree,
+        copied,
+        tails,
+    })
 }
 
 /// The block (of `bs` bytes) where the file's bytes start when they lie in one piece
-/// on a block boundary of its image's own bytes (not on an extra device of its).
-fn in_one_piece(image: &ErofsImage, ino: &ferofs_reader::Inode, bs: u64) -> Option<u64> {
+/// on a block boundary of its image's own bytes (not on an extra device of its), and
+/// whether only its full blocks are to be referred to, its last, partial block copied:
+/// when that block is an inline tail, or when a whole block there would reach past
+/// the image's `len` bytes (a layer with smaller blocks ends inside one; Linux reads
+/// whole blocks and fails past the device's end).
+fn in_one_piece(
+    image: &ErofsImage,
+    ino: &ferofs_reader::Inode,
+    bs: u64,
+    len: u64,
+) -> Option<(u64, bool)> {
     if ino.layout.is_compressed() || !image.img.device_slots().is_empty() {
         return None;
     }
     let ext = image.img.extents(ino).ok()?;
-    let [e] = ext.as_slice() else { return None };
+    let (e, inline_tail) = match ext.as_slice() {
+        [e] => (e, false),
+        // Full blocks, then the tail behind the inode (FLAT_INLINE).
+        [e, t] if t.kind == "inline" && e.length % bs == 0 && t.length < bs => (e, true),
+        _ => return None,
+    };
     let p = e.physical?;
-    (e.kind == "plain" && e.logical == 0 && e.length == ino.size && p % bs == 0).then_some(p / bs)
+    let covered = if inline_tail {
+        e.length + ext[1].length
+    } else {
+        e.length
+    };
+    if !(e.kind == "plain" && e.logical == 0 && e.length > 0 && covered == ino.size && p % bs == 0)
+    {
+        return None;
+    }
+    let whole = p.checked_add(ino.size.div_ceil(bs).checked_mul(bs)?)? <= len;
+    match (inline_tail, whole) {
+        (true, _) | (false, true) => Some((p / bs, inline_tail)),
+        // The last block copied: the full blocks before it stay.
+        (false, false) if ino.size >= bs && !ino.size.is_multiple_of(bs) => Some((p / bs, true)),
+        (false, false) => None,
+    }
 }
 
 /// A layer's device-table tag: its UUID as 32 lowercase hex digits (what mkfs.erofs

@@ -143,9 +143,11 @@ pub fn record(plan: &Plan, id: InodeId, layout: &Layout) -> Record {
             map, indexes: true, ..
         } => Shape::Fixed(base.div_ceil(8) * 8 + 8 * map.len() as u64),
         Layout::Chunked { map, .. } => Shape::Fixed(base.div_ceil(4) * 4 + 4 * map.len() as u64),
-        Layout::ChunkIndex { count, .. } => {
-            Shape::Fixed(base.div_ceil(8) * 8 + 8 * u64::from(*count))
-        }
+        Layout::ChunkIndex {
+            count, tail_blk, ..
+        } => Shape::Fixed(
+            base.div_ceil(8) * 8 + 8 * (u64::from(*count) + u64::from(tail_blk.is_some())),
+        ),
         Layout::Plain { .. } if content_inline => Shape::Fixed(base + plan.sizes[id] % bs),
         Layout::Plain { .. } => Shape::Fixed(base),
     };

@@ -78,14 +78,35 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
         warnings: Vec::new(),
         blob: None,
     };
-    // Files on an extra device (tar index mode) only get chunk indexes pointing there.
+    // Files on an extra device (tar index mode, layers merged by reference) only get
+    // chunk indexes pointing there; a tail not on the device gets a block of its own
+    // at the start of the data region, in inode order.
     for (id, nd) in tree.nodes.iter().enumerate() {
         if let Kind::File {
-            src: Source::External { device, blkaddr },
+            src:
+                Source::External {
+                    device,
+                    blkaddr,
+                    tail,
+                },
             size,
         } = &nd.kind
         {
-            placed.layouts[id] = external_layout(*device, *blkaddr, *size, plan.bits)?;
+            let tail_blk = match tail {
+                Some(f) => {
+                    let after = blkaddr.saturating_add(size >> plan.bits);
+                    Some(store_tail(
+                        f,
+                        *size,
+                        plan.bits,
+                        out,
+                        &mut placed.end_blk,
+                        after,
+                    )?)
+                }
+                None => None,
+            };
+            placed.layouts[id] = external_layout(*device, *blkaddr, *size, plan.bits, tail_blk)?;
             placed.bytes_in += size;
         }
     }
@@ -202,7 +223,7 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
             c,
             out,
             plan.bits,
-            plan.first_blk,
+            placed.end_blk,
             threads,
             o.memory_limit,
             frags.as_mut(),
@@ -247,7 +268,7 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
         };
         let (target, first_blk) = match blob.as_mut() {
             Some(b) => (b, 0),
-            None => (&mut *out, plan.first_blk),
+            None => (&mut *out, placed.end_blk),
         };
         let mut dw = DataWriter {
             out: target,
@@ -399,14 +420,66 @@ fn frag_mode(
 /// The chunk indexes of a file of `size` bytes contiguous from block `blkaddr` of
 /// extra device `device`: one chunk as large as the file (at most 2^31 blocks a
 /// chunk), so a file takes one 8-byte index or a few.
-fn external_layout(device: u16, blkaddr: u64, size: u64, bits: u8) -> Result<Layout> {
+/// Store the last, partial block of a file whose full blocks are on an extra device
+/// (read from `f`) at block `*next` of the image; returns that block. Never at block
+/// `after`, the number of the device block right behind the full blocks: Linux's
+/// iomap read path adds a page to the bio being built when its sector follows the
+/// bio's last one, without comparing the block devices, so a whole-file read would
+/// take the tail from the extra device (seen on 6.18: the soak's kernel mounts read
+/// the wrong bytes). A zero block is skipped instead.
+fn store_tail(
+    f: &crate::erofsin::ErofsFile,
+    size: u64,
+    bits: u8,
+    out: &mut Out,
+    next: &mut u64,
+    after: u64,
+) -> Result<u32> {
+    if *next == after {
+        out.write_at(*next << bits, &vec![0u8; 1 << bits])?;
+        *next += 1;
+    }
+    let full = (size >> bits) << bits;
+    let mut b = vec![0u8; 1 << bits];
+    let n = usize::try_from(size - full).map_err(|_| BuildError::TooLarge("tail".into()))?;
+    f.read_exact_at(&mut b[..n], full)
+        .map_err(|e| BuildError::Invalid {
+            path: f.image.path.to_path_buf(),
+            what: format!("source image: nid {}: tail: {e}", f.ino.nid),
+        })?;
+    let blk = *next;
+    out.write_at(blk << bits, &b)?;
+    *next += 1;
+    u32::try_from(blk).map_err(|_| BuildError::TooLarge("image beyond 2^32 blocks".into()))
+}
+
+/// Chunk indexes for a file of `size` bytes contiguous from block `blkaddr` of
+/// `device`: one chunk as large as the file (chunks of at most 2^31 blocks); with
+/// `tail_blk`, only its full blocks are there, in chunks as large as divide them
+/// evenly, and one more chunk (the tail) is block `tail_blk` of the image.
+fn external_layout(
+    device: u16,
+    blkaddr: u64,
+    size: u64,
+    bits: u8,
+    tail_blk: Option<u32>,
+) -> Result<Layout> {
     if size == 0 {
         return Ok(Layout::NONE);
     }
-    let blocks = size.div_ceil(1 << bits);
-    let rel = (64 - (blocks - 1).leading_zeros()).min(31) as u8;
+    let (blocks, rel) = match tail_blk {
+        None => {
+            let blocks = size.div_ceil(1 << bits);
+            (blocks, (64 - (blocks - 1).leading_zeros()).min(31) as u8)
+        }
+        Some(_) => {
+            let blocks = size >> bits;
+            (blocks, blocks.trailing_zeros().min(31) as u8)
+        }
+    };
     let count = blocks.div_ceil(1 << rel);
     Ok(Layout::ChunkIndex {
+        tail_blk,
         chunk_rel: rel,
         device,
         blkaddr: u32::try_from(blkaddr)

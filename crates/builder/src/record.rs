@@ -126,6 +126,7 @@ pub fn encode(
                 device,
                 blkaddr,
                 count,
+                tail_blk,
             },
             _,
         ) => {
@@ -139,6 +140,14 @@ pub fn encode(
                     startblk_hi: 0,
                     device_id: *device,
                     startblk_lo: lo,
+                };
+                rec.extend_from_slice(&e.encode());
+            }
+            if let Some(t) = tail_blk {
+                let e = ferofs_format::chunk::ChunkIndex {
+                    startblk_hi: 0,
+                    device_id: 0,
+                    startblk_lo: *t,
                 };
                 rec.extend_from_slice(&e.encode());
             }

@@ -48,8 +48,15 @@ pub enum Source {
         segs: Arc<[Segment]>,
     },
     /// On an extra device of the image, contiguous from block `blkaddr` (tar index
-    /// mode: the tar is the device). Never read: the image only points at it.
-    External { device: u16, blkaddr: u64 },
+    /// mode: the tar is the device; a layer merged by reference). Never read: the
+    /// image only points at it. With `tail`, only the file's full blocks are there:
+    /// its last, partial block is read from `tail` (the same file of a layer, whose
+    /// tail is inline) and stored in the image.
+    External {
+        device: u16,
+        blkaddr: u64,
+        tail: Option<Arc<crate::erofsin::ErofsFile>>,
+    },
     /// A regular file of an EROFS image read through the reader (re-encoding): read
     /// on demand, decoding only the extents a read covers; holes from its mapping.
     Erofs(Arc<crate::erofsin::ErofsFile>),

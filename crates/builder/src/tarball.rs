@@ -1033,6 +1033,7 @@ fn sink_source(s: &Sink, at: u64) -> Source {
         Sink::Index => Source::External {
             device: 1,
             blkaddr: at / 512,
+            tail: None,
         },
     }
 }

@@ -154,10 +154,11 @@ fn layers_merge_by_reference_and_by_copy() {
     let out = run(&[&"build", &"--by-reference", &li, &ui, &refimg]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    // The upper layer's five files (compressed or inline) and the lower one's file
-    // with a hole: copied, and said so.
+    // The upper layer's two files smaller than a block (inline) and its compressed
+    // text, and the lower one's file with a hole: copied, and said so. The upper
+    // layer's noise did not compress (stored plain): referred to but for the tails.
     assert!(
-        err.contains("warning: 6 files (") && err.contains("copied into the image"),
+        err.contains("warning: 4 files (") && err.contains("copied into the image"),
         "{err}"
     );
     let info = json(&ok(&[&"inspect", &"--json", &refimg]));
@@ -209,6 +210,41 @@ fn layers_merge_by_reference_and_by_copy() {
     assert_same_tree(&e, &x);
     std::fs::remove_dir_all(&x).expect("rm");
     ferofs_testkit::fsck_metabox_devices(&refimg, &[&li, &ui], "merged by reference");
+
+    // Layers with inline tails (`-z none`, the default layout): a file's full blocks
+    // are referred to, its tail alone copied (a block of the image); files smaller
+    // than a block are copied whole.
+    let (lt, ut) = (
+        t.path().join("lower-t.erofs"),
+        t.path().join("upper-t.erofs"),
+    );
+    build(&l, &lt, &["-z", "none"]);
+    build(&u, &ut, &["-z", "none"]);
+    let tailimg = t.path().join("tails.erofs");
+    ok(&[&"build", &"-q", &"--by-reference", &lt, &ut, &tailimg]);
+    let tool = at(&tailimg, &[&lt, &ut], "/usr/bin/tool");
+    assert_eq!(tool["layout"].as_str(), Some("chunk-based"), "{tool}");
+    let ext = tool["extents"].as_array().expect("extents");
+    let lt_len = std::fs::metadata(&lt).expect("stat").len();
+    let tail_len = std::fs::metadata(&tailimg).expect("stat").len();
+    // 300,000 bytes: 73 blocks in the lower layer (behind the image, where the
+    // device table maps it), the last 992 bytes in the image.
+    assert_eq!(ext.len(), 2, "{tool}");
+    assert!(
+        ext[0]["physical"].as_u64().expect("physical") >= tail_len,
+        "{tool}"
+    );
+    assert!(
+        ext[1]["physical"].as_u64().expect("physical") < tail_len,
+        "{tool}"
+    );
+    assert_eq!(ext[1]["logical"].as_u64(), Some(73 * 4096), "{tool}");
+    assert!(
+        tail_len < 64 << 10 && lt_len > 300_000,
+        "{tail_len} / {lt_len}"
+    );
+    with_kernel_mount(&tailimg, &[&lt, &ut], |m| assert_same_tree(&e, m));
+    ferofs_testkit::fsck_metabox_devices(&tailimg, &[&lt, &ut], "tails by reference");
 
     // By copy, re-encoded, whiteouts and opaque markers stripped: a self-contained
     // image of the stack.
@@ -362,4 +398,50 @@ fn a_tar_layer_onto_a_base_image() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not an EROFS image"));
     assert!(!bad.exists());
+}
+
+/// A layer with smaller blocks whose size is not a whole number of the merged image's
+/// blocks leaves a gap behind its device in the address space; a read that looks
+/// ahead of a pcluster of the image (a copied, compressed file at its end) into that
+/// gap reads the pcluster alone, not an error.
+#[test]
+fn a_short_layer_leaves_a_gap_reads_step_over() {
+    let t = scratch("gap");
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    put(&a, "small", &noise(100, 1));
+    put(&b, "constant", &[7u8; 70_000]);
+    let (ai, bi) = (t.path().join("a.erofs"), t.path().join("b.erofs"));
+    build(
+        &a,
+        &ai,
+        &["-b", "1024", "-z", "none", "-E", "noinline_data"],
+    );
+    build(&b, &bi, &["-z", "lz4"]);
+    assert_ne!(std::fs::metadata(&ai).expect("stat").len() % 4096, 0);
+    let m = t.path().join("m.erofs");
+    ok(&[
+        &"build",
+        &"-q",
+        &"-z",
+        &"lz4",
+        &"--by-reference",
+        &ai,
+        &bi,
+        &m,
+    ]);
+    let out = ok(&[&"check", &"--device", &ai, &"--device", &bi, &m]);
+    assert!(out.starts_with("clean: 0 problems"), "{out}");
+    let got = ferofs()
+        .args(["cat", "--device"])
+        .arg(&ai)
+        .arg("--device")
+        .arg(&bi)
+        .arg(&m)
+        .arg("/constant")
+        .output()
+        .expect("cat");
+    assert!(
+        got.status.success() && got.stdout == [7u8; 70_000],
+        "{got:?}"
+    );
 }

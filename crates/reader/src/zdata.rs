@@ -185,13 +185,18 @@ impl<S: Source> Image<S> {
                         .div_ceil(bs)
                         .saturating_add(1)
                         .saturating_mul(bs);
-                    let n = len.max(more).min(self.len - addr);
-                    let n = to_usize(n, ino, e)?;
+                    let mut n = to_usize(len.max(more).min(self.len - addr), ino, e)?;
                     win.img = 0;
                     if win.buf.len() < n {
                         win.buf.resize(n, 0);
                     }
-                    self.read_raw(&mut win.buf[..n], addr)?;
+                    // What lies past the pcluster is read on speculation: when it
+                    // cannot be read (a gap between an image and its extra devices,
+                    // one shorter than its slot), the pcluster alone is.
+                    if self.read_raw(&mut win.buf[..n], addr).is_err() {
+                        n = to_usize(len, ino, e)?;
+                        self.read_raw(&mut win.buf[..n], addr)?;
+                    }
                     win.img = self.id;
                     win.at = addr;
                     win.len = n;

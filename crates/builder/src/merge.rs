@@ -24,8 +24,6 @@ use crate::erofsin::{self, ErofsImage};
 use crate::options::*;
 use crate::scan::{fix_nlinks, InodeId, Kind, Node, Tree};
 use crate::source::Source;
-use ferofs_format::inode::S_IFCHR;
-use ferofs_format::inode::S_IFMT;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -34,8 +32,7 @@ use std::sync::Arc;
 /// kernel's device table holds at most 65,535).
 pub const MAX_LAYERS: usize = 4096;
 
-const OVL_OPAQUE: &[u8] = b"trusted.overlay.opaque";
-const OVL_ORIGIN: &[u8] = b"trusted.overlay.origin";
+use crate::tarball::{is_whiteout, OVL_OPAQUE, OVL_ORIGIN};
 
 /// The merged tree of a stack of images and what its data stages need to know.
 pub struct Merged {
@@ -77,15 +74,14 @@ pub fn merge_images(layers: &[PathBuf], opts: &BuildOptions, by_reference: bool)
         let mut devices = Vec::with_capacity(images.len());
         let mut lens = Vec::with_capacity(images.len());
         for (img, path) in images.iter().zip(layers) {
-            let bytes = img
-                .img
-                .info()
+            let info = img.img.info();
+            let bytes = info
                 .blocks
-                .checked_mul(u64::from(img.img.block_size()))
+                .checked_mul(u64::from(info.block_size))
                 .ok_or_else(|| invalid(path, "source image: block count overflows"))?;
             devices.push(crate::scan::Device {
                 blocks: bytes.div_ceil(bs),
-                tag: uuid_tag(&img.img.info().uuid),
+                tag: uuid_tag(&info.uuid),
             });
             lens.push(bytes);
         }
@@ -198,11 +194,7 @@ fn invalid(path: &Path, what: &str) -> BuildError {
 /// b79e05aaa166, what mkfs.erofs and ferofs's tar input do. With `strip` (the
 /// whiteouts go), every such marker goes.
 pub(crate) fn mark_whiteout_dirs(tree: &mut Tree, strip: bool) {
-    let wh: Vec<bool> = tree
-        .nodes
-        .iter()
-        .map(|n| matches!(n.kind, Kind::Device { rdev: 0 }) && n.mode & S_IFMT == S_IFCHR)
-        .collect();
+    let wh: Vec<bool> = tree.nodes.iter().map(is_whiteout).collect();
     for n in &mut tree.nodes {
         let Kind::Dir { entries, .. } = &n.kind else {
             continue;

@@ -70,8 +70,13 @@ const MAX_LONGNAME: u64 = 1 << 20;
 const MAX_PAX: u64 = 16 << 20;
 /// Deepest path accepted.
 const MAX_DEPTH: usize = 4096;
-const OVL_OPAQUE: &[u8] = b"trusted.overlay.opaque";
-const OVL_ORIGIN: &[u8] = b"trusted.overlay.origin";
+pub(crate) const OVL_OPAQUE: &[u8] = b"trusted.overlay.opaque";
+pub(crate) const OVL_ORIGIN: &[u8] = b"trusted.overlay.origin";
+
+/// An overlayfs whiteout: a character device 0:0.
+pub(crate) fn is_whiteout(n: &Node) -> bool {
+    matches!(n.kind, Kind::Device { rdev: 0 }) && n.mode & S_IFMT == S_IFCHR
+}
 
 #[derive(Debug, Clone)]
 enum TKind {
@@ -1469,11 +1474,7 @@ impl Arena {
 /// unreachable; they are removed by renumbering. Returns which nodes went (by their
 /// old ids; the others keep their order).
 pub fn strip_overlay(tree: &mut Tree) -> Vec<bool> {
-    let wh: Vec<bool> = tree
-        .nodes
-        .iter()
-        .map(|n| matches!(n.kind, Kind::Device { rdev: 0 }) && n.mode & S_IFMT == S_IFCHR)
-        .collect();
+    let wh: Vec<bool> = tree.nodes.iter().map(is_whiteout).collect();
     if !wh.iter().any(|&w| w) {
         for n in &mut tree.nodes {
             n.xattrs.retain(|(k, _)| k != OVL_OPAQUE);

@@ -1083,8 +1083,7 @@ pub fn run(a: CheckArgs) -> Result<bool> {
             .iter()
             .enumerate()
             .filter_map(|(k, d)| {
-                let end = d.tag.iter().position(|&b| b == 0).unwrap_or(d.tag.len());
-                let tag = std::str::from_utf8(&d.tag[..end]).ok()?;
+                let tag = std::str::from_utf8(d.tag_bytes()).ok()?;
                 (!tag.is_empty()).then(|| format!("device {}: tag {tag}", k + 1))
             })
             .collect();

@@ -158,10 +158,7 @@ pub fn inspect(image: &Path, json_out: bool) -> Result<()> {
     let devices: Vec<(String, u64, u64)> = img
         .device_slots()
         .iter()
-        .map(|d| {
-            let end = d.tag.iter().position(|&b| b == 0).unwrap_or(d.tag.len());
-            (bytes_display(&d.tag[..end]), d.blocks(), d.uniaddr())
-        })
+        .map(|d| (bytes_display(d.tag_bytes()), d.blocks(), d.uniaddr()))
         .collect();
     let v = json!({
         "magic": format!("{:#010x}", sb.magic),

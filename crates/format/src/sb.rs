@@ -242,6 +242,16 @@ impl DeviceSlot {
         u64::from(self.uniaddr_lo) | (u64::from(self.uniaddr_hi) << 32)
     }
 
+    /// The tag up to its first NUL (empty: none).
+    pub fn tag_bytes(&self) -> &[u8] {
+        let end = self
+            .tag
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(self.tag.len());
+        &self.tag[..end]
+    }
+
     /// The device's size in blocks.
     pub fn blocks(&self) -> u64 {
         u64::from(self.blocks_lo) | (u64::from(self.blocks_hi) << 32)

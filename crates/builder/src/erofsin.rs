@@ -178,7 +178,7 @@ fn invalid(path: impl Into<PathBuf>, what: impl Into<String>) -> BuildError {
     }
 }
 
-fn rerr(path: &Path) -> impl Fn(ferofs_reader::Error) -> BuildError + '_ {
+pub(crate) fn rerr(path: &Path) -> impl Fn(ferofs_reader::Error) -> BuildError + '_ {
     move |e| invalid(path, format!("source image: {e}"))
 }
 
@@ -189,6 +189,12 @@ pub fn scan_image(path: &Path, opts: &BuildOptions) -> Result<Tree> {
 
 /// Open the EROFS image at `path` and scan its tree; the open image too.
 pub fn scan_image_with(path: &Path, opts: &BuildOptions) -> Result<(Arc<ErofsImage>, Tree)> {
+    let image = open_image(path, opts)?;
+    scan_opened(image, opts)
+}
+
+/// Open the EROFS image at `path` (with the extra devices `--device` names).
+pub(crate) fn open_image(path: &Path, opts: &BuildOptions) -> Result<Arc<ErofsImage>> {
     let io = |e: std::io::Error| invalid(path, format!("source image: {e}"));
     let file = std::fs::File::open(path).map_err(io)?;
     let src: Arc<dyn ferofs_reader::Source> = if opts.source_devices.is_empty() {
@@ -198,10 +204,13 @@ pub fn scan_image_with(path: &Path, opts: &BuildOptions) -> Result<(Arc<ErofsIma
         Arc::new(j.map_err(|e| invalid(path, format!("source image, --device: {e}")))?)
     };
     let img = Image::new(src).map_err(rerr(path))?;
-    let image = Arc::new(ErofsImage {
+    Ok(Arc::new(ErofsImage {
         path: Arc::from(path),
         img,
-    });
+    }))
+}
+
+fn scan_opened(image: Arc<ErofsImage>, opts: &BuildOptions) -> Result<(Arc<ErofsImage>, Tree)> {
     let excl = crate::scan::Excludes::new(opts);
     let excluded = |rel: &[u8]| excl.matches(rel);
     let p = &*image.path;
@@ -304,7 +313,12 @@ pub fn scan_image_with(path: &Path, opts: &BuildOptions) -> Result<(Arc<ErofsIma
     Ok((image, tree))
 }
 
-fn make_node(image: &Arc<ErofsImage>, ino: Inode, rel: Vec<u8>, o: &BuildOptions) -> Result<Node> {
+pub(crate) fn make_node(
+    image: &Arc<ErofsImage>,
+    ino: Inode,
+    rel: Vec<u8>,
+    o: &BuildOptions,
+) -> Result<Node> {
     let p = &*image.path;
     let img = &image.img;
     let shown = || p.join(std::ffi::OsStr::new(&*String::from_utf8_lossy(&rel)));

@@ -34,6 +34,7 @@
 
 #![forbid(unsafe_code)]
 
+mod append;
 mod blobs;
 pub mod chunks;
 pub mod cleanup;
@@ -68,6 +69,7 @@ mod write;
 pub mod xattrs;
 pub mod zdata;
 
+pub use append::{append_onto, Appended};
 pub use options::{
     BuildError, BuildOptions, BuildReport, ChunkOptions, Fragments, InodeVersion, UuidChoice,
     VerityOptions,
@@ -163,6 +165,7 @@ pub fn build_from_images(
 }
 
 /// What `build_onto` lays on its base image.
+#[derive(Clone, Copy)]
 pub enum Layer<'a> {
     /// A directory.
     Dir(&'a Path),

@@ -268,6 +268,58 @@ pub fn assign(
     Ok(meta)
 }
 
+/// In-place append: pack the records of the inodes `fixed` does not place from block
+/// `base`, nids counting from block `blkaddr` (the image's meta_blkaddr); an inode
+/// `fixed` names keeps that nid (the image's inodes, and the root, whose record the
+/// caller writes over its old one).
+pub fn assign_append(
+    tree: &Tree,
+    plan: &Plan,
+    layouts: &[Layout],
+    base: u64,
+    fixed: &[Option<u64>],
+    blkaddr: u64,
+) -> Result<MetaLayout> {
+    let bs = plan.bs;
+    let ids: Vec<InodeId> = (0..layouts.len())
+        .filter(|&id| fixed.get(id).copied().flatten().is_none())
+        .collect();
+    let records: Vec<Record> = ids
+        .iter()
+        .map(|&id| record(plan, id, &layouts[id]))
+        .collect();
+    let mut pos = vec![0u64; layouts.len()];
+    let mut blocks = 0;
+    if !records.is_empty() {
+        let (p, b) = pack(&records, 0, &[], base, None, bs).map_err(|k| BuildError::Invalid {
+            path: String::from_utf8_lossy(&tree.nodes[ids[k]].rel)
+                .into_owned()
+                .into(),
+            what: "inline record larger than a block".into(),
+        })?;
+        for (k, &id) in ids.iter().enumerate() {
+            pos[id] = p[k];
+        }
+        blocks = b;
+    }
+    for (id, f) in fixed.iter().enumerate() {
+        if let Some(nid) = f {
+            pos[id] = nid
+                .checked_mul(32)
+                .and_then(|x| x.checked_add(blkaddr.checked_mul(bs)?))
+                .ok_or_else(|| BuildError::TooLarge(format!("nid {nid}")))?;
+        }
+    }
+    Ok(MetaLayout {
+        pos,
+        base,
+        blocks,
+        blkaddr,
+        bs,
+        metabox: false,
+    })
+}
+
 /// Pack the records of every inode of `tree` (data at `layouts`) into the metabox
 /// inode's data, from its byte 0, the inodes of `first` right behind the root. `blocks`
 /// is then the length of that data in blocks.

@@ -492,4 +492,7 @@ pub struct BuildReport {
     pub metabox_stored: u64,
     /// `--verity`: the hash tree appended behind the image.
     pub verity: Option<crate::verity::VerityInfo>,
+    /// The build appended to an existing image in place ([`crate::append_onto`]):
+    /// `inodes` and the counts are of the inodes written.
+    pub appended_in_place: bool,
 }

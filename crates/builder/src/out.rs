@@ -27,6 +27,9 @@ pub struct Out {
     tail_spool: Option<(Arc<tempfile::NamedTempFile>, u64)>,
     /// Inline tail bytes kept in memory before the rest go to a scratch file.
     tail_budget: u64,
+    /// Appending to an existing image in place, which was this many bytes long: a
+    /// build that fails cuts it back to that.
+    appending: Option<u64>,
 }
 
 /// How big the superblock's block is at most: zeroed first on a device.
@@ -79,6 +82,41 @@ impl Out {
             tails_in_memory: 0,
             tail_spool: None,
             tail_budget: u64::MAX,
+            appending: None,
+        })
+    }
+
+    /// The existing image file `target`, written in place from its end on (an
+    /// in-place append): no temporary file and no rename; a build that fails (this
+    /// dropped unfinished) cuts the file back to its old length.
+    pub fn append(target: &Path) -> Result<Self> {
+        let target = follow_links(target)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&target)
+            .map_err(io_err(&target, "open image to append to"))?;
+        let md = file
+            .metadata()
+            .map_err(io_err(&target, "open image to append to"))?;
+        if !md.file_type().is_file() {
+            return Err(BuildError::Invalid {
+                path: target,
+                what: "appending in place takes a regular file".into(),
+            });
+        }
+        Ok(Out {
+            file,
+            tmp: target.clone(),
+            target,
+            hasher: Xxh3::new(),
+            done: false,
+            base: 0,
+            device: None,
+            tails_in_memory: 0,
+            tail_spool: None,
+            tail_budget: u64::MAX,
+            appending: Some(md.len()),
         })
     }
 
@@ -104,6 +142,7 @@ impl Out {
             tails_in_memory: 0,
             tail_spool: None,
             tail_budget: u64::MAX,
+            appending: None,
         };
         out.fits(0, SB_BLOCK as u64)?;
         out.file
@@ -272,6 +311,15 @@ impl Out {
     /// renamed over an existing one (seconds for a large image); like mkfs.erofs, the
     /// page cache then writes the image back whenever it likes.
     pub fn finish(mut self, durable: bool) -> Result<()> {
+        if self.appending.is_some() {
+            if durable {
+                self.file
+                    .sync_all()
+                    .map_err(io_err(&self.tmp, "sync output"))?;
+            }
+            self.done = true;
+            return Ok(());
+        }
         if self.device.is_some() {
             // A device is always flushed: nothing else would tell of a failed write.
             self.file
@@ -297,6 +345,11 @@ impl Out {
 
 impl Drop for Out {
     fn drop(&mut self) {
+        if let (false, Some(len)) = (self.done, self.appending) {
+            // The image as it was: nothing in its old bytes was written yet.
+            let _ = self.file.set_len(len);
+            return;
+        }
         if !self.done && self.device.is_none() {
             let _ = std::fs::remove_file(&self.tmp);
             crate::cleanup::untrack(&self.tmp);

@@ -201,10 +201,20 @@ fn most_common_whole_second(tree: &Tree) -> Option<i64> {
 
 /// Plan `tree` (its times already set by [`apply_time_policy`]).
 pub fn plan(tree: &Tree, build_time: i64, o: &BuildOptions) -> Result<Plan> {
+    plan_with(tree, build_time, o, true)
+}
+
+/// [`plan`] for an in-place append: no shared xattrs (the image's shared area stays
+/// as it is), the epoch `build_time` (the image's).
+pub(crate) fn plan_unshared(tree: &Tree, build_time: i64, o: &BuildOptions) -> Result<Plan> {
+    plan_with(tree, build_time, o, false)
+}
+
+fn plan_with(tree: &Tree, build_time: i64, o: &BuildOptions, share: bool) -> Result<Plan> {
     let bits = o.block_size.trailing_zeros() as u8;
     let bs = u64::from(o.block_size);
     let cfg = ComprCfg::new(o, &tree.devices);
-    let mut xattrs = xattrs::plan(tree, o.metabox, &cfg.prefixes);
+    let mut xattrs = xattrs::plan_with(tree, o.metabox, &cfg.prefixes, share);
     xattrs::reserve_root(&mut xattrs, tree.root, o.root_xattr_isize);
     // Inode versions: compact only when every value fits and the mtime is the one a
     // compact inode shows: the build time, or (48-bit layout, Linux 6.15+) any mtime of

@@ -30,6 +30,12 @@ fn encode(name: &[u8], value: &[u8], long: &[LongPrefix]) -> Vec<u8> {
 /// (the metabox is compressed, so the repeated inline entries cost little).
 /// `long`: the long name prefixes (`--xattr-prefix`), which names use when they can.
 pub fn plan(tree: &Tree, metabox: bool, long: &[LongPrefix]) -> XattrPlan {
+    plan_with(tree, metabox, long, true)
+}
+
+/// [`plan`], with no shared xattrs unless `share` (an in-place append, whose image
+/// keeps its shared area as it is).
+pub fn plan_with(tree: &Tree, metabox: bool, long: &[LongPrefix], share: bool) -> XattrPlan {
     let mut counts: HashMap<(&[u8], &[u8]), usize> = HashMap::new();
     for n in &tree.nodes {
         for (k, v) in &n.xattrs {
@@ -39,7 +45,7 @@ pub fn plan(tree: &Tree, metabox: bool, long: &[LongPrefix]) -> XattrPlan {
     // Shared entries sorted by (name, value) for reproducibility.
     let mut shared: Vec<(&[u8], &[u8])> = counts
         .iter()
-        .filter(|(_, &c)| c > SHARE_THRESHOLD)
+        .filter(|(_, &c)| share && c > SHARE_THRESHOLD)
         .map(|(k, _)| *k)
         .collect();
     shared.sort();

@@ -43,6 +43,13 @@ pub struct BuildArgs {
     /// whiteouts and markers after the merge.
     #[arg(long, value_name = "BASE")]
     base: Option<PathBuf>,
+    /// With `--base` and IMAGE the same file: rebuild the whole image rather than
+    /// append to it in place. (In place, only the layer's inodes, its directories and
+    /// their ancestors are written, behind the image's end; the image's other bytes stay
+    /// as they are. Options that change the whole image, or an image the new inodes
+    /// cannot join, rebuild it anyway, with a note.)
+    #[arg(long, requires = "base")]
+    rewrite: bool,
     /// Build from a tar archive instead of a directory: a file or `-` for stdin;
     /// gzip, xz, zstd and bzip2 streams are detected. Repeat it to flatten a stack of
     /// OCI layers into one tree (later layers win, whiteouts applied).
@@ -1048,7 +1055,14 @@ pub fn run(mut a: BuildArgs) -> Result<()> {
         }
     }
     let built = if let (Some(base), true) = (&a.base, a.tar.is_empty()) {
-        ferofs_builder::build_onto(base, ferofs_builder::Layer::Dir(&layers[0]), &image, &opts)
+        onto(
+            base,
+            ferofs_builder::Layer::Dir(&layers[0]),
+            &image,
+            &opts,
+            a.rewrite,
+            a.quiet,
+        )
     } else if all_images && (layers.len() > 1 || a.by_reference) {
         if !crate::source::devices().is_empty() && layers.len() > 1 {
             bail!("build: --device names the extra devices of one source image, not of several");
@@ -1094,11 +1108,13 @@ pub fn run(mut a: BuildArgs) -> Result<()> {
             bail!("--tar -: stdin can be read once");
         }
         match &a.base {
-            Some(base) => ferofs_builder::build_onto(
+            Some(base) => onto(
                 base,
                 ferofs_builder::Layer::Tars(&inputs),
                 &image,
                 &opts,
+                a.rewrite,
+                a.quiet,
             ),
             None => ferofs_builder::build_from_tars(&inputs, &image, &opts),
         }
@@ -1356,4 +1372,32 @@ mod tests {
         }
         Ok(())
     }
+}
+
+/// `--base`: `layer` onto `base` into `image`, appended in place when `image` is
+/// `base` (unless `rewrite`) and the options allow it, else a new image of the stack.
+fn onto(
+    base: &std::path::Path,
+    layer: ferofs_builder::Layer<'_>,
+    image: &std::path::Path,
+    opts: &BuildOptions,
+    rewrite: bool,
+    quiet: bool,
+) -> Result<ferofs_builder::BuildReport, ferofs_builder::BuildError> {
+    use std::os::unix::fs::MetadataExt;
+    let id = |p: &std::path::Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    if !rewrite && id(base).is_some() && id(base) == id(image) {
+        match ferofs_builder::append_onto(base, layer, opts)? {
+            ferofs_builder::Appended::Done(r) => return Ok(r),
+            ferofs_builder::Appended::Unsupported(why) => {
+                if !quiet {
+                    eprintln!(
+                        "ferofs: not appending to {} in place ({why}): rebuilding the whole image",
+                        image.display()
+                    );
+                }
+            }
+        }
+    }
+    ferofs_builder::build_onto(base, layer, image, opts)
 }

@@ -51,7 +51,7 @@ use std::sync::Arc;
 /// What [`append_onto`] did.
 #[derive(Debug)]
 pub enum Appended {
-    Done(BuildReport),
+    Done(Box<BuildReport>),
     /// Nothing was read or written: the reason this cannot be appended in place.
     Unsupported(String),
 }
@@ -110,7 +110,7 @@ fn unsupported_image(sb: &Superblock, block0: &[u8], o: &BuildOptions) -> Option
     if sb.extra_devices != 0 || sb.has_incompat(INCOMPAT_DEVICE_TABLE) {
         return Some("the image has extra devices".into());
     }
-    if u32::from(o.block_size) != 1u32 << sb.blkszbits.min(31) {
+    if o.block_size != 1u32 << sb.blkszbits.min(31) {
         return Some(format!(
             "block size {} differs from the image's {}",
             o.block_size,
@@ -249,7 +249,7 @@ pub fn append_onto(image: &Path, layer: Layer<'_>, opts: &BuildOptions) -> Resul
     let r = write_append(image, tree, &fixed, places, &sb, head, &o);
     drop(spools);
     match r? {
-        Ok(r) => Ok(Appended::Done(r)),
+        Ok(r) => Ok(Appended::Done(Box::new(r))),
         Err(why) if rereadable => Ok(Appended::Unsupported(why)),
         Err(why) => Err(BuildError::Invalid {
             path: image.to_path_buf(),
@@ -271,15 +271,14 @@ fn finish_tree(tree: &mut Tree, fixed: &mut Vec<Option<u64>>, o: &BuildOptions) 
         scan::dereference_hardlinks(tree);
         fixed.resize(tree.nodes.len(), None);
     }
-    let n = tree.nodes.len();
     let is_dir: Vec<bool> = tree
         .nodes
         .iter()
         .map(|n| n.mode & S_IFMT == S_IFDIR)
         .collect();
-    for id in 0..n {
-        let written = fixed[id].is_none() || id == tree.root;
-        let nd = &mut tree.nodes[id];
+    let root = tree.root;
+    for (id, (nd, f)) in tree.nodes.iter_mut().zip(fixed.iter()).enumerate() {
+        let written = f.is_none() || id == root;
         if let Kind::Dir { entries, .. } = &nd.kind {
             let subdirs = entries.iter().filter(|(_, c)| is_dir[*c]).count();
             nd.nlink = u32::try_from(subdirs).unwrap_or(u32::MAX).saturating_add(2);
@@ -632,7 +631,7 @@ fn dotdot_pos<S: ferofs_reader::Source>(
     }
     let bs = u64::from(img.block_size());
     let data = img.read_to_vec_limited(ino, MAX_DOTDOT_SCAN)?;
-    let tail_at = if inline && ino.size % bs != 0 {
+    let tail_at = if inline && !ino.size.is_multiple_of(bs) {
         ino.size / bs * bs
     } else {
         u64::MAX

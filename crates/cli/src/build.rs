@@ -1330,6 +1330,34 @@ fn open_files_to_the_hard_limit() {
     }
 }
 
+/// `--base`: `layer` onto `base` into `image`, appended in place when `image` is
+/// `base` (unless `rewrite`) and the options allow it, else a new image of the stack.
+fn onto(
+    base: &std::path::Path,
+    layer: ferofs_builder::Layer<'_>,
+    image: &std::path::Path,
+    opts: &BuildOptions,
+    rewrite: bool,
+    quiet: bool,
+) -> Result<ferofs_builder::BuildReport, ferofs_builder::BuildError> {
+    use std::os::unix::fs::MetadataExt;
+    let id = |p: &std::path::Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    if !rewrite && id(base).is_some() && id(base) == id(image) {
+        match ferofs_builder::append_onto(base, layer, opts)? {
+            ferofs_builder::Appended::Done(r) => return Ok(*r),
+            ferofs_builder::Appended::Unsupported(why) => {
+                if !quiet {
+                    eprintln!(
+                        "ferofs: not appending to {} in place ({why}): rebuilding the whole image",
+                        image.display()
+                    );
+                }
+            }
+        }
+    }
+    ferofs_builder::build_onto(base, layer, image, opts)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1372,32 +1400,4 @@ mod tests {
         }
         Ok(())
     }
-}
-
-/// `--base`: `layer` onto `base` into `image`, appended in place when `image` is
-/// `base` (unless `rewrite`) and the options allow it, else a new image of the stack.
-fn onto(
-    base: &std::path::Path,
-    layer: ferofs_builder::Layer<'_>,
-    image: &std::path::Path,
-    opts: &BuildOptions,
-    rewrite: bool,
-    quiet: bool,
-) -> Result<ferofs_builder::BuildReport, ferofs_builder::BuildError> {
-    use std::os::unix::fs::MetadataExt;
-    let id = |p: &std::path::Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
-    if !rewrite && id(base).is_some() && id(base) == id(image) {
-        match ferofs_builder::append_onto(base, layer, opts)? {
-            ferofs_builder::Appended::Done(r) => return Ok(r),
-            ferofs_builder::Appended::Unsupported(why) => {
-                if !quiet {
-                    eprintln!(
-                        "ferofs: not appending to {} in place ({why}): rebuilding the whole image",
-                        image.display()
-                    );
-                }
-            }
-        }
-    }
-    ferofs_builder::build_onto(base, layer, image, opts)
 }

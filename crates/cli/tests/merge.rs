@@ -445,3 +445,175 @@ fn a_short_layer_leaves_a_gap_reads_step_over() {
         "{got:?}"
     );
 }
+
+/// Bytes of `a` and `b` that differ within the shorter one's length.
+fn bytes_differing(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).filter(|(x, y)| x != y).count()
+}
+
+/// `ferofs build --base IMAGE --tar LAYER.tar IMAGE` appends in place: the layer
+/// replaces a name of a hardlinked pair (the other name's link count drops), adds a
+/// directory tree under a directory it only implies (whose other subdirectories keep
+/// their blocks, their ".." patched), deletes a file and makes a directory opaque.
+/// The image's old bytes stay but for a few patched ones, a little is appended, and
+/// the kernel's mount, fsck.erofs, `check` and `extract` show the stack. A second
+/// layer with `-z none` goes onto the compressed image too; options that change the
+/// whole image rebuild it (with a note); a layer that fails to read leaves the image
+/// as it was; a root that grows past its record cannot be appended from stdin.
+#[test]
+fn a_layer_appended_in_place() {
+    if !kernel_available("a_layer_appended_in_place") {
+        return;
+    }
+    let t = scratch("inplace");
+    let (l, _, _) = layers(t.path());
+    let img = t.path().join("img.erofs");
+    build(&l, &img, &[]);
+    let old = std::fs::read(&img).expect("read");
+    let t2 = t.path().join("t2");
+    put(&t2, "etc/hostname", b"appended\n");
+    put(&t2, "etc/.wh.passwd", b"");
+    put(&t2, "opt/.wh..wh..opq", b"");
+    put(&t2, "opt/new", b"n");
+    put(&t2, "usr/lib/libx.so.1", &noise(7000, 9));
+    put(&t2, "usr/share/deep/dir/new", &text_lines(400, 10));
+    let tar = t.path().join("t2.tar");
+    sh(Command::new("tar")
+        .arg("-C")
+        .arg(&t2)
+        .args(["--format=posix", "-cf"])
+        .arg(&tar)
+        .args([
+            "etc/hostname",
+            "etc/.wh.passwd",
+            "opt",
+            "usr/lib/libx.so.1",
+            "usr/share",
+        ]));
+    let e = t.path().join("stack");
+    sh(Command::new("cp").arg("-a").arg(&l).arg(&e));
+    for gone in ["etc/hostname", "etc/passwd", "opt", "usr/lib/libx.so.1"] {
+        sh(Command::new("rm").arg("-rf").arg(e.join(gone)));
+    }
+    std::fs::create_dir(e.join("opt")).expect("mkdir");
+    for f in ["etc/hostname", "opt/new", "usr/lib/libx.so.1", "usr/share"] {
+        sh(Command::new("cp").arg("-a").arg(t2.join(f)).arg(e.join(f)));
+    }
+    same_meta(&t2.join("opt"), &e.join("opt"));
+    for d in ["etc", "usr/lib", "usr", ""] {
+        same_meta(&l.join(d), &e.join(d));
+    }
+
+    let out = run(&[
+        &"build",
+        &"--aufs",
+        &"--ovlfs-strip=1",
+        &"--base",
+        &img,
+        &"--tar",
+        &tar,
+        &img,
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("not appending"), "{err}");
+    let new = std::fs::read(&img).expect("read");
+    assert!(new.len() > old.len() && new.len() - old.len() <= 64 << 10);
+    // The superblock, the root's record, two ".." entries and a link count.
+    let changed = bytes_differing(&old, &new);
+    assert!(changed > 0 && changed <= 256, "{changed} old bytes changed");
+    let x = t.path().join("x");
+    assert_image_holds(&img, &e, &x, "a layer appended in place");
+    // Uncompressed files onto the compressed image, in place too.
+    let t3 = t.path().join("t3");
+    put(&t3, "var/more", &noise(12_345, 11));
+    let tar3 = t.path().join("t3.tar");
+    sh(Command::new("tar")
+        .arg("-C")
+        .arg(&t3)
+        .args(["--format=posix", "-cf"])
+        .arg(&tar3)
+        .arg("var/more"));
+    let out = run(&[
+        &"build", &"-z", &"none", &"--base", &img, &"--tar", &tar3, &img,
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !err.contains("not appending"),
+        "{err}"
+    );
+    sh(Command::new("cp")
+        .arg("-a")
+        .arg(t3.join("var/more"))
+        .arg(e.join("var/more")));
+    same_meta(&l.join("var"), &e.join("var"));
+    assert_image_holds(&img, &e, &x, "a second layer appended in place");
+
+    // A layer that fails to read: an error, the image as it was.
+    let before = std::fs::read(&img).expect("read");
+    let broken = t.path().join("broken.tar");
+    std::fs::write(&broken, &std::fs::read(&tar).expect("read")[..1500]).expect("write");
+    let out = run(&[&"build", &"--base", &img, &"--tar", &broken, &img]);
+    assert!(!out.status.success());
+    assert!(
+        std::fs::read(&img).expect("read") == before,
+        "image changed"
+    );
+
+    // Options that change the whole image: rebuilt, with a note, same tree.
+    let out = run(&[
+        &"build", &"-E", &"dedupe", &"--base", &img, &"--tar", &tar3, &img,
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("not appending") && err.contains("dedupe"),
+        "{err}"
+    );
+    assert_image_holds(&img, &e, &x, "rebuilt with dedupe");
+
+    // The root gains an xattr its record has no room for: from stdin, an error naming
+    // --rewrite (the stream cannot be read again), the image as it was; from a file,
+    // a rebuild.
+    let t4 = t.path().join("t4");
+    std::fs::create_dir(&t4).expect("mkdir");
+    same_meta(&l, &t4);
+    set_xattr(&t4, "user.big", &[7u8; 200]);
+    let tar4 = t.path().join("t4.tar");
+    sh(Command::new("tar")
+        .arg("-C")
+        .arg(&t4)
+        .args([
+            "--format=posix",
+            "--xattrs",
+            "--xattrs-include=user.*",
+            "-cf",
+        ])
+        .arg(&tar4)
+        .arg("."));
+    let before = std::fs::read(&img).expect("read");
+    let out = ferofs()
+        .args(["build", "-z", "none", "--base"])
+        .arg(&img)
+        .args(["--tar", "-"])
+        .arg(&img)
+        .stdin(std::fs::File::open(&tar4).expect("open"))
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--rewrite"), "{err}");
+    assert!(
+        std::fs::read(&img).expect("read") == before,
+        "image changed"
+    );
+    let out = run(&[
+        &"build", &"-z", &"none", &"--base", &img, &"--tar", &tar4, &img,
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && err.contains("not appending"),
+        "{err}"
+    );
+    set_xattr(&e, "user.big", &[7u8; 200]);
+    assert_image_holds(&img, &e, &x, "rebuilt for the root's xattr");
+}

@@ -617,3 +617,67 @@ fn a_layer_appended_in_place() {
     set_xattr(&e, "user.big", &[7u8; 200]);
     assert_image_holds(&img, &e, &x, "rebuilt for the root's xattr");
 }
+
+/// Every golden image mkfs.erofs 1.9.3 made takes a layer in place (`-z none`: any
+/// compression, fragments, chunks, dedupe, xattr prefixes, small blocks), or, where
+/// the new inodes cannot join it (48-bit layout, metabox), is rebuilt with a note;
+/// the result passes fsck.erofs and `check`, and its kernel mount equals the
+/// whole-image rebuild's (`--rewrite`).
+#[test]
+fn every_golden_image_takes_a_layer_in_place() {
+    if !kernel_available("every_golden_image_takes_a_layer_in_place") {
+        return;
+    }
+    let t = scratch("inplace-golden");
+    let l = t.path().join("l");
+    put(&l, "data/rand", &noise(10_000, 12));
+    put(&l, "newdir/sub/f", b"new\n");
+    put(&l, "deep/.wh..wh..opq", b"");
+    put(&l, "deep/y", b"y\n");
+    let tar = t.path().join("l.tar");
+    sh(Command::new("tar")
+        .arg("-C")
+        .arg(&l)
+        .args(["--format=posix", "-cf"])
+        .arg(&tar)
+        .args(["data/rand", "newdir", "deep"]));
+    let dir = ferofs_testkit::shared_dir().join("testdata/erofs-utils-1.9.3");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .expect("goldens")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".erofs.zst"))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 30, "{names:?}");
+    for n in &names {
+        let src = ferofs_testkit::golden(&format!("erofs-utils-1.9.3/{n}"));
+        let (a, b) = (t.path().join("a.erofs"), t.path().join("b.erofs"));
+        std::fs::copy(&src, &a).expect("copy");
+        std::fs::copy(&src, &b).expect("copy");
+        let out = run(&[
+            &"build", &"-z", &"none", &"--aufs", &"--base", &a, &"--tar", &tar, &a,
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{n}: {err}");
+        let refused = n.contains("48bit") || n.contains("metabox") || n.contains("dot-omitted");
+        assert_eq!(err.contains("not appending"), refused, "{n}: {err}");
+        ok(&[
+            &"build",
+            &"-q",
+            &"-z",
+            &"none",
+            &"--aufs",
+            &"--rewrite",
+            &"--base",
+            &b,
+            &"--tar",
+            &tar,
+            &b,
+        ]);
+        ferofs_testkit::fsck_metabox(&a, n);
+        ok(&[&"check", &a]);
+        let ma = ferofs_testkit::Mount::erofs(&a);
+        let mb = ferofs_testkit::Mount::erofs(&b);
+        assert_same_tree(mb.path(), ma.path());
+    }
+}

@@ -187,15 +187,6 @@ pub fn append_onto(image: &Path, layer: Layer<'_>, opts: &BuildOptions) -> Resul
         }
         None => return Ok(Appended::Unsupported("the root is in a metabox".into())),
     };
-    if base
-        .img
-        .xattr_shared_ids(&root_ino)
-        .is_ok_and(|v| !v.is_empty())
-    {
-        return Ok(Appended::Unsupported(
-            "the root's xattrs are shared (they would not fit its record inline)".into(),
-        ));
-    }
 
     // The layer, whiteouts kept (the walk applies them).
     o.ovlfs_strip = false;
@@ -218,6 +209,7 @@ pub fn append_onto(image: &Path, layer: Layer<'_>, opts: &BuildOptions) -> Resul
         copied: HashMap::new(),
         unlinked: BTreeMap::new(),
         hidden_seen: 0,
+        raw_xattrs: Vec::new(),
     };
     let root = walk.merged_dir(&root_ino, Some(ltree.root), None, Vec::new(), 0)?;
     let links = walk.nlink_patches()?;
@@ -225,6 +217,7 @@ pub fn append_onto(image: &Path, layer: Layer<'_>, opts: &BuildOptions) -> Resul
         nodes,
         mut fixed,
         dotdots,
+        raw_xattrs,
         ..
     } = walk;
     drop(ltree);
@@ -245,6 +238,7 @@ pub fn append_onto(image: &Path, layer: Layer<'_>, opts: &BuildOptions) -> Resul
         old_root_len,
         dotdots: &dotdots,
         links,
+        raw_xattrs,
     };
     let r = write_append(image, tree, &fixed, places, &sb, head, &o);
     drop(spools);
@@ -314,6 +308,16 @@ struct Walk<'a> {
     unlinked: BTreeMap<u64, u32>,
     /// Entries of hidden image directories visited so far (bounded).
     hidden_seen: usize,
+    /// Directories that took the image's metadata: their xattr area as stored (it may
+    /// refer to the image's shared xattrs) and the xattrs it holds.
+    raw_xattrs: Vec<RawXattrs>,
+}
+
+/// An image inode's xattr area as stored, for the node that took its xattrs.
+struct RawXattrs {
+    id: InodeId,
+    area: Vec<u8>,
+    xattrs: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 /// Most entries of hidden image directories followed to find hardlinks that lose a
@@ -391,11 +395,21 @@ impl Walk<'_> {
         }
         let l = self.l;
         let made_up = lid.is_none_or(|l| self.implicit.get(l).copied().unwrap_or(false));
+        let me = self.nodes.len();
         let mut node = match lid {
             Some(lid) if !made_up => l.nodes[lid].clone(),
-            _ => erofsin::make_node(self.base, bino.clone(), rel.clone(), self.o)?,
+            _ => {
+                let n = erofsin::make_node(self.base, bino.clone(), rel.clone(), self.o)?;
+                if let Some(area) = self.xattr_area(bino)? {
+                    self.raw_xattrs.push(RawXattrs {
+                        id: me,
+                        area,
+                        xattrs: n.xattrs.clone(),
+                    });
+                }
+                n
+            }
         };
-        let me = self.nodes.len();
         node.kind = Kind::Dir {
             entries: Vec::new(),
             parent: parent.unwrap_or(me),
@@ -470,6 +484,25 @@ impl Walk<'_> {
             *en = entries;
         }
         Ok(me)
+    }
+
+    /// The xattr area of image inode `ino` as stored (None: it has none).
+    fn xattr_area(&self, ino: &Inode) -> Result<Option<Vec<u8>>> {
+        use std::os::unix::fs::FileExt;
+        let core = if ino.extended { 64 } else { 32 };
+        let Some((pos, end)) = self.base.img.inode_record(ino) else {
+            return Ok(None);
+        };
+        let from = pos + core;
+        if end <= from {
+            return Ok(None);
+        }
+        let mut area = vec![0u8; (end - from) as usize];
+        let f = std::fs::File::open(&*self.base.path)
+            .map_err(io_err(&*self.base.path, "read image"))?;
+        f.read_exact_at(&mut area, from)
+            .map_err(io_err(&*self.base.path, "read image"))?;
+        Ok(Some(area))
     }
 
     /// The entry `nid` (type `ft`) of an image directory the append rewrites as the
@@ -666,6 +699,7 @@ struct Places<'a> {
     dotdots: &'a [(u64, InodeId)],
     /// Link counts of image inodes that lost names.
     links: Vec<(u64, Vec<u8>)>,
+    raw_xattrs: Vec<RawXattrs>,
 }
 
 /// Inner Err: the layer, once read, cannot be appended (nothing was written).
@@ -683,6 +717,7 @@ fn write_append(
         old_root_len,
         dotdots,
         links,
+        raw_xattrs,
     } = places;
     let root = tree.root;
     let epoch = sb.epoch as i64;
@@ -701,6 +736,20 @@ fn write_append(
     }
     let mut plan = plan::plan_unshared(&tree, epoch, o)?;
     let bs = plan.bs;
+    // A directory whose xattrs are still the image's keeps their area as stored: it
+    // may refer to the image's shared xattrs (whose table stays as it is), and the
+    // root's then fits its old record.
+    for r in raw_xattrs {
+        if tree.nodes[r.id].xattrs == r.xattrs {
+            plan.xattrs.ibody[r.id] = r.area;
+        }
+    }
+    for (id, nd) in tree.nodes.iter().enumerate() {
+        let tail = plan.sizes[id] % bs;
+        plan.content_inline[id] = matches!(nd.kind, Kind::Dir { .. } | Kind::Symlink { .. })
+            && tail != 0
+            && plan.fixed_meta(id) + tail <= bs;
+    }
     // The root's record (core and xattrs: its entries go to blocks) must fit its old
     // place.
     plan.content_inline[root] = false;

@@ -681,3 +681,49 @@ fn every_golden_image_takes_a_layer_in_place() {
         assert_same_tree(mb.path(), ma.path());
     }
 }
+
+/// The root and a directory the layer touches carry an xattr the image shares (more
+/// than two inodes have it): their xattr areas are kept as stored, so the root still
+/// fits its record and the append stays in place.
+#[test]
+fn shared_xattrs_of_the_image_stay_shared_in_place() {
+    if !kernel_available("shared_xattrs_of_the_image_stay_shared_in_place") {
+        return;
+    }
+    let t = scratch("inplace-shared");
+    let s = t.path().join("s");
+    put(&s, "a/f", b"1\n");
+    std::fs::create_dir_all(s.join("b")).expect("mkdir");
+    std::fs::create_dir_all(s.join("c")).expect("mkdir");
+    for p in ["", "a", "b", "c", "a/f"] {
+        set_xattr(&s.join(p), "user.lbl", b"same");
+    }
+    let img = t.path().join("img.erofs");
+    build(&s, &img, &[]);
+    let l = t.path().join("l");
+    put(&l, "a/g", b"2\n");
+    let tar = t.path().join("l.tar");
+    sh(Command::new("tar")
+        .arg("-C")
+        .arg(&l)
+        .args(["--format=posix", "-cf"])
+        .arg(&tar)
+        .arg("a/g"));
+    let out = run(&[
+        &"build", &"-z", &"none", &"--base", &img, &"--tar", &tar, &img,
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !err.contains("not appending"),
+        "{err}"
+    );
+    let e = t.path().join("e");
+    sh(Command::new("cp").arg("-a").arg(&s).arg(&e));
+    sh(Command::new("cp")
+        .arg("-a")
+        .arg(l.join("a/g"))
+        .arg(e.join("a/g")));
+    same_meta(&s.join("a"), &e.join("a"));
+    let x = t.path().join("x");
+    assert_image_holds(&img, &e, &x, "shared xattrs in place");
+}

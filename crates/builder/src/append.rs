@@ -499,9 +499,9 @@ impl Walk<'_> {
         }
         let mut area = vec![0u8; (end - from) as usize];
         let f = std::fs::File::open(&*self.base.path)
-            .map_err(io_err(&*self.base.path, "read image"))?;
+            .map_err(io_err(&self.base.path, "read image"))?;
         f.read_exact_at(&mut area, from)
-            .map_err(io_err(&*self.base.path, "read image"))?;
+            .map_err(io_err(&self.base.path, "read image"))?;
         Ok(Some(area))
     }
 

@@ -121,12 +121,14 @@ fn unsupported_image(sb: &Superblock, block0: &[u8], o: &BuildOptions) -> Option
     if !cfg.prefixes.is_empty() {
         return Some("long xattr name prefixes".into());
     }
-    if let Some(c) = &o.compression {
-        if !sb.has_incompat(INCOMPAT_ZERO_PADDING) {
+    if o.compression.is_some() {
+        // An image without compression takes LZ4 files of one-block pclusters (no
+        // config records needed; the flags are set in its superblock) — unless it
+        // might hold LZ4 files of before zero padding (a non-zero window field).
+        if !sb.has_incompat(INCOMPAT_ZERO_PADDING)
+            && (cfg.needed || sb.has_incompat(INCOMPAT_COMPR_CFGS) || sb.u1 != 0)
+        {
             return Some("the image has no compressed files of this kind".into());
-        }
-        if c.ztailpacking && !sb.has_incompat(INCOMPAT_ZTAILPACKING) {
-            return Some("ztailpacking, which the image does not use".into());
         }
         let at = fsb::SB_OFFSET as usize + sb.sb_size();
         let same_cfgs = sb.has_incompat(INCOMPAT_COMPR_CFGS)
@@ -785,9 +787,7 @@ fn write_append(
     let layouts = &blobs.layouts;
     let compressed = layouts.iter().any(Layout::compressed);
     let big_pcluster = compressed && plan.cfg.needed;
-    if compressed && !sb.has_incompat(fsb::INCOMPAT_ZERO_PADDING)
-        || layouts.iter().any(Layout::inline_pcluster)
-            && !sb.has_incompat(fsb::INCOMPAT_ZTAILPACKING)
+    if big_pcluster && !sb.has_incompat(fsb::INCOMPAT_COMPR_CFGS)
         || layouts
             .iter()
             .any(|l| l.chunked() || l.shared() || l.fragment())
@@ -837,6 +837,14 @@ fn write_append(
             .map_err(io_err(image, "sync image"))?;
     }
     let mut new_sb = sb.clone();
+    if compressed && !sb.has_incompat(fsb::INCOMPAT_ZERO_PADDING) {
+        // The first compressed files of the image: LZ4, default window (as `sb`).
+        new_sb.feature_incompat |= fsb::INCOMPAT_ZERO_PADDING;
+        new_sb.u1 = 0xFFFF;
+    }
+    if layouts.iter().any(Layout::inline_pcluster) {
+        new_sb.feature_incompat |= fsb::INCOMPAT_ZTAILPACKING;
+    }
     new_sb.blocks_lo = blocks_lo;
     new_sb.inos = sb.inos.saturating_add(in_region.len() as u64);
     new_sb.checksum = 0;

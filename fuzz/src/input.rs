@@ -3,7 +3,8 @@
 //! Any bytes are written to a file and built into an image with default options (no
 //! compression, one thread). A build may fail with an error, never panic, hang or
 //! allocate without bound; a build that succeeds must give an image the reader opens
-//! and walks; an EROFS image is also merged with itself by reference. A tar is built twice: read in place, and gzipped (read as a stream, its
+//! and walks; an EROFS image is also merged with itself by reference, and takes a small
+//! layer in place (an image the reader walks, or the file as it was). A tar is built twice: read in place, and gzipped (read as a stream, its
 //! file contents spooled); both must fail, or give the same image.
 
 use ferofs_builder::{BuildOptions, TarInput};
@@ -60,6 +61,31 @@ pub fn run(kind: Kind, data: &[u8]) {
                     ferofs_reader::Image::new(m).expect("the reader opens a merged image");
                 }
                 Err(_) => assert!(!merged.exists(), "a failed merge left its output behind"),
+            }
+            // A small layer appended to (a copy of) the image in place: the walk, the
+            // ".." and link-count patches see the hostile image. An image the reader
+            // opens, or the file as it was.
+            let appended = dir.path().join("appended.erofs");
+            std::fs::write(&appended, data).expect("write copy");
+            let layer = dir.path().join("layer");
+            std::fs::create_dir_all(layer.join("d")).expect("mkdir layer");
+            std::fs::write(layer.join("d/f"), b"appended").expect("write layer");
+            let o2 = BuildOptions {
+                compression: None,
+                ..opts.clone()
+            };
+            match ferofs_builder::append_onto(&appended, ferofs_builder::Layer::Dir(&layer), &o2) {
+                Ok(ferofs_builder::Appended::Done(_)) => {
+                    let a = std::fs::read(&appended).expect("read appended image");
+                    let len = a.len() as u64;
+                    let img =
+                        ferofs_reader::Image::new(a).expect("the reader opens an appended image");
+                    crate::walk_all(&img, len);
+                }
+                _ => assert!(
+                    std::fs::read(&appended).expect("read copy") == data,
+                    "a failed append changed the image"
+                ),
             }
             None
         }

@@ -500,8 +500,8 @@ impl Walk<'_> {
             return Ok(None);
         }
         let mut area = vec![0u8; (end - from) as usize];
-        let f = std::fs::File::open(&*self.base.path)
-            .map_err(io_err(&self.base.path, "read image"))?;
+        let f =
+            std::fs::File::open(&*self.base.path).map_err(io_err(&self.base.path, "read image"))?;
         f.read_exact_at(&mut area, from)
             .map_err(io_err(&self.base.path, "read image"))?;
         Ok(Some(area))
@@ -831,6 +831,21 @@ fn write_append(
         patches.push((pos, meta.nid(parent).to_le_bytes().to_vec()));
     }
     patches.extend(links);
+    // Every in-place write lands in the old image (a corrupt one could point them
+    // anywhere), clear of the superblock's first bytes.
+    let old_end = start_blk * bs;
+    for (pos, bytes) in &patches {
+        let end = pos.checked_add(bytes.len() as u64);
+        if *pos < fsb::SB_OFFSET + fsb::SB_MAX_SIZE as u64
+            && end.is_some_and(|e| e > fsb::SB_OFFSET)
+            || end.is_none_or(|e| e > old_end)
+        {
+            return Err(BuildError::Invalid {
+                path: image.to_path_buf(),
+                what: format!("corrupt image: an inode or entry to update lies at byte {pos}"),
+            });
+        }
+    }
     if o.fsync {
         out.file()
             .sync_data()

@@ -158,6 +158,14 @@ pub fn append_onto(image: &Path, layer: Layer<'_>, opts: &BuildOptions) -> Resul
             return Ok(Appended::Unsupported("several tar layers".into()));
         }
     }
+    if !std::fs::metadata(image).is_ok_and(|m| m.is_file()) {
+        return Ok(Appended::Unsupported("not a regular file".into()));
+    }
+    if let Some(dev) = loop_device_of(image) {
+        // Changed under a mount, the kernel would mix cached and new metadata; the
+        // rebuild writes a new file and renames it over this one.
+        return Ok(Appended::Unsupported(format!("{dev} is attached to it")));
+    }
     let base = erofsin::open_image(image, &BuildOptions::default())?;
     let sb = base.img.superblock().clone();
     let bs = u64::from(base.img.block_size());
@@ -252,6 +260,26 @@ pub fn append_onto(image: &Path, layer: Layer<'_>, opts: &BuildOptions) -> Resul
             what: format!("{why}: rebuild the whole image instead (--rewrite)"),
         }),
     }
+}
+
+/// The loop device whose backing file is `image`, if any (Linux's sysfs).
+fn loop_device_of(image: &Path) -> Option<String> {
+    let want = std::fs::canonicalize(image).ok()?;
+    let dir = std::fs::read_dir("/sys/block").ok()?;
+    // Bounded: the entries of one sysfs directory.
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("loop") {
+            continue;
+        }
+        let Ok(back) = std::fs::read_to_string(e.path().join("loop/backing_file")) else {
+            continue;
+        };
+        if Path::new(back.trim_end_matches('\n')) == want {
+            return Some(format!("/dev/{name}"));
+        }
+    }
+    None
 }
 
 /// Bytes at the image's start read and rewritten with the superblock: its block (or
@@ -836,7 +864,7 @@ fn write_append(
     let old_end = start_blk * bs;
     for (pos, bytes) in &patches {
         let end = pos.checked_add(bytes.len() as u64);
-        if *pos < fsb::SB_OFFSET + fsb::SB_MAX_SIZE as u64
+        if *pos < fsb::SB_OFFSET + sb.sb_size() as u64
             && end.is_some_and(|e| e > fsb::SB_OFFSET)
             || end.is_none_or(|e| e > old_end)
         {

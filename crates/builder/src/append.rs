@@ -864,8 +864,7 @@ fn write_append(
     let old_end = start_blk * bs;
     for (pos, bytes) in &patches {
         let end = pos.checked_add(bytes.len() as u64);
-        if *pos < fsb::SB_OFFSET + sb.sb_size() as u64
-            && end.is_some_and(|e| e > fsb::SB_OFFSET)
+        if *pos < fsb::SB_OFFSET + sb.sb_size() as u64 && end.is_some_and(|e| e > fsb::SB_OFFSET)
             || end.is_none_or(|e| e > old_end)
         {
             return Err(BuildError::Invalid {
@@ -926,5 +925,6 @@ fn write_append(
     };
     let mut r = crate::report(&written, None, epoch, &stats, 0, &image_w);
     r.appended_in_place = true;
+    r.appended_bytes = (total * bs).saturating_sub(old_len);
     Ok(Ok(r))
 }

@@ -495,4 +495,6 @@ pub struct BuildReport {
     /// The build appended to an existing image in place ([`crate::append_onto`]):
     /// `inodes` and the counts are of the inodes written.
     pub appended_in_place: bool,
+    /// In place: bytes the image grew by.
+    pub appended_bytes: u64,
 }

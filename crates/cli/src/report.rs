@@ -144,7 +144,7 @@ impl Summary<'_> {
     /// Image bytes per input byte (None for a tree without file data).
     fn ratio(&self) -> Option<f64> {
         let r = self.report;
-        (r.bytes_in > 0).then(|| r.image_bytes as f64 / r.bytes_in as f64)
+        (r.bytes_in > 0 && !r.appended_in_place).then(|| r.image_bytes as f64 / r.bytes_in as f64)
     }
 
     pub fn json(&self) -> serde_json::Value {
@@ -170,6 +170,8 @@ impl Summary<'_> {
             "uuid": crate::fmt::uuid_string(&r.uuid),
             "build_time": r.build_time,
             "verity": r.verity.as_ref().map(|v| verity_json(self.image, v)),
+            "appended_in_place": r.appended_in_place,
+            "appended_bytes": r.appended_bytes,
         })
     }
 
@@ -180,9 +182,11 @@ impl Summary<'_> {
             0..1024 => format!("{n} bytes"),
             _ => format!("{} bytes ({})", HumanCount(n), BinaryBytes(n)),
         };
-        let ratio = self.ratio().map_or(String::new(), |x| {
-            format!(", {:.1} % of bytes in", 100.0 * x)
-        });
+        let ratio = match self.ratio() {
+            _ if r.appended_in_place => format!(", {} appended in place", bytes(r.appended_bytes)),
+            Some(x) => format!(", {:.1} % of bytes in", 100.0 * x),
+            None => String::new(),
+        };
         let lines = [
             ("image", format!("{}", self.image.display())),
             (

@@ -243,9 +243,11 @@ pub fn append_onto(image: &Path, layer: Layer<'_>, opts: &BuildOptions) -> Resul
         Layer::Dir(_) => true,
         Layer::Tars(t) => t.iter().all(|i| matches!(i, tarball::TarInput::File(_))),
     };
+    let root_core = if root_ino.extended { 64 } else { 32 };
     let places = Places {
         root_pos,
         old_root_len,
+        old_root_xattrs: root_ino.meta_size.saturating_sub(root_core) as usize,
         dotdots: &dotdots,
         links,
         raw_xattrs,
@@ -723,9 +725,11 @@ fn dotdot_pos<S: ferofs_reader::Source>(
 /// writes.
 /// Where the in-place writes go.
 struct Places<'a> {
-    /// The root's record and its old length.
+    /// The root's record and its old length, and that of its xattr area (kept: room
+    /// `--root-xattr-isize` reserved stays for the next append).
     root_pos: u64,
     old_root_len: u64,
+    old_root_xattrs: usize,
     dotdots: &'a [(u64, InodeId)],
     /// Link counts of image inodes that lost names.
     links: Vec<(u64, Vec<u8>)>,
@@ -745,6 +749,7 @@ fn write_append(
     let Places {
         root_pos,
         old_root_len,
+        old_root_xattrs,
         dotdots,
         links,
         raw_xattrs,
@@ -780,6 +785,7 @@ fn write_append(
             && tail != 0
             && plan.fixed_meta(id) + tail <= bs;
     }
+    crate::xattrs::reserve_root(&mut plan.xattrs, root, old_root_xattrs);
     // The root's record (core and xattrs: its entries go to blocks) must fit its old
     // place.
     plan.content_inline[root] = false;

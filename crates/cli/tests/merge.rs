@@ -727,3 +727,52 @@ fn shared_xattrs_of_the_image_stay_shared_in_place() {
     let x = t.path().join("x");
     assert_image_holds(&img, &e, &x, "shared xattrs in place");
 }
+
+/// Room `--root-xattr-isize` leaves in the root takes a layer's root xattrs in place,
+/// and stays for the next append.
+#[test]
+fn root_xattr_room_lasts_across_appends() {
+    if !kernel_available("root_xattr_room_lasts_across_appends") {
+        return;
+    }
+    let t = scratch("inplace-rootroom");
+    let s = t.path().join("s");
+    put(&s, "a/f", b"1\n");
+    let img = t.path().join("img.erofs");
+    build(&s, &img, &["-z", "none", "--root-xattr-isize", "512"]);
+    let e = t.path().join("e");
+    sh(Command::new("cp").arg("-a").arg(&s).arg(&e));
+    let x = t.path().join("x");
+    for (k, v) in [("user.one", [1u8; 200]), ("user.two", [2u8; 200])] {
+        let r = t.path().join(k);
+        std::fs::create_dir(&r).expect("mkdir");
+        same_meta(&s, &r);
+        for (kk, vv) in [("user.one", [1u8; 200]), ("user.two", [2u8; 200])] {
+            if kk <= k {
+                set_xattr(&r, kk, &vv);
+            }
+        }
+        let tar = t.path().join(format!("{k}.tar"));
+        sh(Command::new("tar")
+            .arg("-C")
+            .arg(&r)
+            .args([
+                "--format=posix",
+                "--xattrs",
+                "--xattrs-include=user.*",
+                "-cf",
+            ])
+            .arg(&tar)
+            .arg("."));
+        let out = run(&[
+            &"build", &"-z", &"none", &"--base", &img, &"--tar", &tar, &img,
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && !err.contains("not appending"),
+            "{k}: {err}"
+        );
+        set_xattr(&e, k, &v);
+        assert_image_holds(&img, &e, &x, k);
+    }
+}

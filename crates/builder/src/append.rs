@@ -23,7 +23,7 @@
 //!
 //! Not everything can be appended: options that change the whole image (fragments,
 //! dedupe, metabox, chunks, verity, ...), an image whose format the new inodes cannot
-//! join (48-bit layout, metabox, extra devices, another compression configuration) and
+//! join (metabox, extra devices, another compression configuration) and
 //! several tar layers at once are [`Appended::Unsupported`], said before anything is
 //! read, so the caller can rebuild the whole image instead ([`crate::build_onto`]).
 //! A build that fails leaves the image as it was (its file is cut back to its old
@@ -104,8 +104,8 @@ fn unsupported_options(o: &BuildOptions) -> Option<&'static str> {
 /// Why the image `sb` cannot take new inodes built with `o`, or None.
 fn unsupported_image(sb: &Superblock, block0: &[u8], o: &BuildOptions) -> Option<String> {
     use fsb::*;
-    if sb.has_incompat(INCOMPAT_48BIT) || sb.has_incompat(INCOMPAT_METABOX) {
-        return Some("the image has the 48-bit layout or a metabox".into());
+    if sb.has_incompat(INCOMPAT_METABOX) {
+        return Some("the image keeps its inodes in a metabox".into());
     }
     if sb.extra_devices != 0 || sb.has_incompat(INCOMPAT_DEVICE_TABLE) {
         return Some("the image has extra devices".into());
@@ -894,6 +894,10 @@ fn write_append(
         new_sb.feature_incompat |= fsb::INCOMPAT_ZTAILPACKING;
     }
     new_sb.blocks_lo = blocks_lo;
+    if sb.has_incompat(fsb::INCOMPAT_48BIT) && sb.rootnid_8b != 0 {
+        // The 16-bit root field holds the block count's high bits.
+        new_sb.rootnid_2b = 0;
+    }
     new_sb.inos = sb.inos.saturating_add(in_region.len() as u64);
     new_sb.checksum = 0;
     let mut rest = Vec::new();

@@ -770,6 +770,7 @@ fn write_append(
         }
     }
     let mut plan = plan::plan_unshared(&tree, epoch, o)?;
+    plan.ino_base = sb.inos as u32;
     let bs = plan.bs;
     // A directory whose xattrs are still the image's keeps their area as stored: it
     // may refer to the image's shared xattrs (whose table stays as it is), and the

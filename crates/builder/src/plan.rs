@@ -45,6 +45,9 @@ pub struct Plan {
     pub prefixes_in_packed: Option<u64>,
     /// Regular files' tails may go inline (`-E noinline_data` turns this off).
     inline_data: bool,
+    /// Inode serial numbers (`i_ino`) count from this plus one (an in-place append
+    /// numbers its inodes after the image's).
+    pub ino_base: u32,
 }
 
 impl Plan {
@@ -309,6 +312,7 @@ fn plan_with(tree: &Tree, build_time: i64, o: &BuildOptions, share: bool) -> Res
         prefixes_in_packed: None,
         cfg,
         inline_data: o.inline_data,
+        ino_base: 0,
     };
     // Directories and symlinks: the last partial block goes inline whenever it fits
     // (regardless of -E noinline_data, like mkfs).

@@ -81,7 +81,7 @@ pub fn encode(
         },
         mtime_nsec: if ext { nd.mtime_nsec } else { 0 },
         u: u32v,
-        ino: (id + 1) as u32,
+        ino: plan.ino_base.wrapping_add(id as u32 + 1),
         uid: nd.uid,
         gid: nd.gid,
         nlink_ext: nd.nlink,

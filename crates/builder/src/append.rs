@@ -155,7 +155,9 @@ pub fn append_onto(image: &Path, layer: Layer<'_>, opts: &BuildOptions) -> Resul
     }
     if let Layer::Tars(t) = &layer {
         if t.len() != 1 {
-            return Ok(Appended::Unsupported("several tar layers".into()));
+            return Ok(Appended::Unsupported(
+                "several tar layers in one call: append them one by one".into(),
+            ));
         }
     }
     if !std::fs::metadata(image).is_ok_and(|m| m.is_file()) {

@@ -920,12 +920,34 @@ fn write_append(
         let csum = fsb::compute_checksum(&head[sbo..sbo + clen]);
         head[sbo + 4..sbo + 8].copy_from_slice(&csum.to_le_bytes());
     }
-    out.write_at(0, &head)?;
-    for (pos, bytes) in rest {
-        out.write_at(pos, &bytes)?;
+    // What the in-place writes overwrite, put back should one of them fail (then the
+    // appended bytes go too, when `out` is dropped): the image as it was.
+    let mut saved = vec![(0u64, vec![0u8; head.len()])];
+    saved.extend(rest.iter().map(|(p, b)| (*p, vec![0u8; b.len()])));
+    for (p, b) in &mut saved {
+        out.read_at(*p, b)?;
     }
-    out.set_len(total * bs)?;
-    out.finish(o.fsync)?;
+    let mut wrote = 0;
+    let r = (|| {
+        out.write_at(0, &head)?;
+        wrote = 1;
+        for (pos, bytes) in &rest {
+            out.write_at(*pos, bytes)?;
+            wrote += 1;
+        }
+        out.set_len(total * bs)?;
+        if o.fsync {
+            out.file().sync_all().map_err(io_err(image, "sync image"))?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = r {
+        for (p, b) in saved.iter().take(wrote + 1) {
+            let _ = out.write_at(*p, b);
+        }
+        return Err(e);
+    }
+    out.finish(false)?;
     let written: Vec<Node> = (0..tree.nodes.len())
         .filter(|&id| fixed[id].is_none() || id == root)
         .map(|id| tree.nodes[id].clone())

@@ -187,6 +187,15 @@ pub fn append_onto(image: &Path, layer: Layer<'_>, opts: &BuildOptions) -> Resul
     if let Some(why) = unsupported_image(&sb, &head, &o) {
         return Ok(Appended::Unsupported(why));
     }
+    let file_len = std::fs::metadata(image)
+        .map_err(io_err(image, "read image"))?
+        .len();
+    if file_len > sb.root_nid_and_blocks().1.saturating_mul(bs) {
+        // A `--verity` hash tree, most likely: appending would bury it, stale.
+        return Ok(Appended::Unsupported(
+            "bytes lie behind the image's end (a verity hash tree?)".into(),
+        ));
+    }
     let root_nid = base.img.root_nid();
     let root_ino = base.img.inode(root_nid).map_err(erofsin::rerr(image))?;
     let (root_pos, old_root_len) = match base.img.inode_record(&root_ino) {

@@ -834,9 +834,7 @@ fn write_append(
     let compressed = layouts.iter().any(Layout::compressed);
     let big_pcluster = compressed && plan.cfg.needed;
     if big_pcluster && !sb.has_incompat(fsb::INCOMPAT_COMPR_CFGS)
-        || layouts
-            .iter()
-            .any(|l| l.chunked() || l.shared() || l.fragment())
+        || layouts.iter().any(|l| l.shared() || l.fragment())
     {
         return Err(BuildError::Options(
             "internal: the appended inodes need features the image lacks".into(),
@@ -904,6 +902,10 @@ fn write_append(
     }
     if layouts.iter().any(Layout::inline_pcluster) {
         new_sb.feature_incompat |= fsb::INCOMPAT_ZTAILPACKING;
+    }
+    if layouts.iter().any(Layout::chunked) {
+        // Sparse files: chunk indexes with null chunks for the holes.
+        new_sb.feature_incompat |= fsb::INCOMPAT_CHUNKED_FILE;
     }
     new_sb.blocks_lo = blocks_lo;
     if sb.has_incompat(fsb::INCOMPAT_48BIT) && sb.rootnid_8b != 0 {

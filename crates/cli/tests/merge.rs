@@ -548,6 +548,31 @@ fn a_layer_appended_in_place() {
         .arg(e.join("var/more")));
     same_meta(&l.join("var"), &e.join("var"));
     assert_image_holds(&img, &e, &x, "a second layer appended in place");
+    // A directory layer with a sparse file: uncompressed, its hole a null chunk, so the
+    // image (which had no chunk-based files) gets that feature's flag.
+    let t5 = t.path().join("t5");
+    std::fs::create_dir_all(t5.join("var")).expect("mkdir");
+    same_meta(&e, &t5);
+    same_meta(&e.join("var"), &t5.join("var"));
+    {
+        let f = std::fs::File::create(t5.join("var/sparse2")).expect("create");
+        f.set_len(3 << 20).expect("truncate");
+        std::os::unix::fs::FileExt::write_all_at(&f, &noise(8192, 13), 2 << 20).expect("write");
+    }
+    let out = run(&[&"build", &"-z", &"none", &"--base", &img, &t5, &img]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !err.contains("not appending"),
+        "{err}"
+    );
+    sh(Command::new("cp")
+        .arg("-a")
+        .arg("--sparse=always")
+        .arg(t5.join("var/sparse2"))
+        .arg(e.join("var/sparse2")));
+    same_meta(&t5.join("var"), &e.join("var"));
+    same_meta(&t5, &e);
+    assert_image_holds(&img, &e, &x, "a sparse file appended in place");
 
     // A layer that fails to read: an error, the image as it was.
     let before = std::fs::read(&img).expect("read");

@@ -392,6 +392,14 @@ fn a_tar_layer_onto_a_base_image() {
         ],
     );
     with_kernel_mount(&inc, &[], |m| assert_same_tree(&e, m));
+    // In place: the old bytes kept but a few patched ones.
+    let (old, new) = (
+        std::fs::read(&base).expect("read"),
+        std::fs::read(&inc).expect("read"),
+    );
+    assert!(new.len() > old.len());
+    let changed = bytes_differing(&old, &new);
+    assert!(changed <= 256, "{changed} old bytes changed");
     // A base that is not an image: an error, nothing written.
     let bad = t.path().join("bad.erofs");
     let out = run(&[&"build", &"--base", &tar, &"--tar", &tar, &bad]);

@@ -391,6 +391,16 @@ impl Walk<'_> {
         &self.base.path
     }
 
+    fn not_too_deep(&self, depth: usize) -> Result<()> {
+        if depth > MAX_DEPTH {
+            return Err(BuildError::Invalid {
+                path: self.path().to_path_buf(),
+                what: "directories nested too deep".into(),
+            });
+        }
+        Ok(())
+    }
+
     fn push(&mut self, n: Node, fixed: Option<u64>) -> InodeId {
         self.nodes.push(n);
         self.fixed.push(fixed);
@@ -430,12 +440,7 @@ impl Walk<'_> {
         rel: Vec<u8>,
         depth: usize,
     ) -> Result<InodeId> {
-        if depth > MAX_DEPTH {
-            return Err(BuildError::Invalid {
-                path: self.path().to_path_buf(),
-                what: "directories nested too deep".into(),
-            });
-        }
+        self.not_too_deep(depth)?;
         let l = self.l;
         let made_up = lid.is_none_or(|l| self.implicit.get(l).copied().unwrap_or(false));
         let me = self.nodes.len();
@@ -653,12 +658,7 @@ impl Walk<'_> {
         rel: Vec<u8>,
         depth: usize,
     ) -> Result<InodeId> {
-        if depth > MAX_DEPTH {
-            return Err(BuildError::Invalid {
-                path: self.path().to_path_buf(),
-                what: "directories nested too deep".into(),
-            });
-        }
+        self.not_too_deep(depth)?;
         if let Some(&t) = self.copied.get(&lid) {
             return Ok(t);
         }

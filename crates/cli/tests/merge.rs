@@ -334,12 +334,7 @@ fn a_tar_layer_onto_a_base_image() {
     put(&t2, "opt/.wh..wh..opq", b"");
     put(&t2, "opt/new", b"n");
     let tar = t.path().join("t2.tar");
-    sh(Command::new("tar")
-        .arg("-C")
-        .arg(&t2)
-        .args(["--format=posix", "-cf"])
-        .arg(&tar)
-        .args(["etc/hostname", "etc/.wh.passwd", "opt"]));
+    tar_of(&t2, &tar, &["etc/hostname", "etc/.wh.passwd", "opt"]);
     // The stack, by hand.
     let e = t.path().join("stack");
     sh(Command::new("cp").arg("-a").arg(&l).arg(&e));
@@ -454,6 +449,16 @@ fn a_short_layer_leaves_a_gap_reads_step_over() {
     );
 }
 
+/// A POSIX tar of `paths` under `dir` at `tar`.
+fn tar_of(dir: &Path, tar: &Path, paths: &[&str]) {
+    sh(Command::new("tar")
+        .arg("-C")
+        .arg(dir)
+        .args(["--format=posix", "-cf"])
+        .arg(tar)
+        .args(paths));
+}
+
 /// Bytes of `a` and `b` that differ within the shorter one's length.
 fn bytes_differing(a: &[u8], b: &[u8]) -> usize {
     a.iter().zip(b).filter(|(x, y)| x != y).count()
@@ -486,18 +491,17 @@ fn a_layer_appended_in_place() {
     put(&t2, "usr/lib/libx.so.1", &noise(7000, 9));
     put(&t2, "usr/share/deep/dir/new", &text_lines(400, 10));
     let tar = t.path().join("t2.tar");
-    sh(Command::new("tar")
-        .arg("-C")
-        .arg(&t2)
-        .args(["--format=posix", "-cf"])
-        .arg(&tar)
-        .args([
+    tar_of(
+        &t2,
+        &tar,
+        &[
             "etc/hostname",
             "etc/.wh.passwd",
             "opt",
             "usr/lib/libx.so.1",
             "usr/share",
-        ]));
+        ],
+    );
     let e = t.path().join("stack");
     sh(Command::new("cp").arg("-a").arg(&l).arg(&e));
     for gone in ["etc/hostname", "etc/passwd", "opt", "usr/lib/libx.so.1"] {
@@ -536,12 +540,7 @@ fn a_layer_appended_in_place() {
     let t3 = t.path().join("t3");
     put(&t3, "var/more", &noise(12_345, 11));
     let tar3 = t.path().join("t3.tar");
-    sh(Command::new("tar")
-        .arg("-C")
-        .arg(&t3)
-        .args(["--format=posix", "-cf"])
-        .arg(&tar3)
-        .arg("var/more"));
+    tar_of(&t3, &tar3, &["var/more"]);
     let out = run(&[
         &"build", &"-z", &"none", &"--base", &img, &"--tar", &tar3, &img,
     ]);
@@ -669,12 +668,7 @@ fn every_golden_image_takes_a_layer_in_place() {
     put(&l, "deep/.wh..wh..opq", b"");
     put(&l, "deep/y", b"y\n");
     let tar = t.path().join("l.tar");
-    sh(Command::new("tar")
-        .arg("-C")
-        .arg(&l)
-        .args(["--format=posix", "-cf"])
-        .arg(&tar)
-        .args(["data/rand", "newdir", "deep"]));
+    tar_of(&l, &tar, &["data/rand", "newdir", "deep"]);
     let dir = ferofs_testkit::shared_dir().join("testdata/erofs-utils-1.9.3");
     let mut names: Vec<String> = std::fs::read_dir(&dir)
         .expect("goldens")
@@ -737,12 +731,7 @@ fn shared_xattrs_of_the_image_stay_shared_in_place() {
     let l = t.path().join("l");
     put(&l, "a/g", b"2\n");
     let tar = t.path().join("l.tar");
-    sh(Command::new("tar")
-        .arg("-C")
-        .arg(&l)
-        .args(["--format=posix", "-cf"])
-        .arg(&tar)
-        .arg("a/g"));
+    tar_of(&l, &tar, &["a/g"]);
     let out = run(&[
         &"build", &"-z", &"none", &"--base", &img, &"--tar", &tar, &img,
     ]);

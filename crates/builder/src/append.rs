@@ -25,12 +25,15 @@
 //! dedupe, metabox, chunks, verity, ...), an image whose format the new inodes cannot
 //! join (metabox, extra devices, another compression configuration) and
 //! several tar layers at once are [`Appended::Unsupported`], said before anything is
-//! read, so the caller can rebuild the whole image instead ([`crate::build_onto`]).
-//! A build that fails leaves the image as it was (its file is cut back to its old
-//! length); the in-place writes come last, the superblock's block first.
+//! written (and, but for a root that outgrows its record, before the layer is read),
+//! so the caller can rebuild the whole image instead ([`crate::build_onto`]).
+//! A build that fails leaves the image as it was (the in-place writes come last, the
+//! bytes they overwrite are put back should one fail, and the file is cut back to
+//! its old length).
 
 use crate::erofsin::{self, ErofsImage};
 use crate::layout::Layout;
+use crate::merge::opaque;
 use crate::options::*;
 use crate::out::Out;
 use crate::scan::{InodeId, Kind, Node, Tree};
@@ -40,7 +43,8 @@ use ferofs_format::dirent::{
     FT_BLKDEV, FT_CHRDEV, FT_DIR, FT_FIFO, FT_REG_FILE, FT_SOCK, FT_SYMLINK,
 };
 use ferofs_format::inode::{
-    S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK,
+    COMPACT_NLINK_AT, COMPACT_SIZE, EXTENDED_NLINK_AT, EXTENDED_SIZE, S_IFBLK, S_IFCHR, S_IFDIR,
+    S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK,
 };
 use ferofs_format::sb::{self as fsb, Superblock};
 use ferofs_reader::{DataLayout, Inode};
@@ -110,13 +114,6 @@ fn unsupported_image(sb: &Superblock, block0: &[u8], o: &BuildOptions) -> Option
     if sb.extra_devices != 0 || sb.has_incompat(INCOMPAT_DEVICE_TABLE) {
         return Some("the image has extra devices".into());
     }
-    if o.block_size != 1u32 << sb.blkszbits.min(31) {
-        return Some(format!(
-            "block size {} differs from the image's {}",
-            o.block_size,
-            1u64 << sb.blkszbits.min(63)
-        ));
-    }
     let cfg = crate::sb::ComprCfg::new(o, &[]);
     if !cfg.prefixes.is_empty() {
         return Some("long xattr name prefixes".into());
@@ -160,9 +157,10 @@ pub fn append_onto(image: &Path, layer: Layer<'_>, opts: &BuildOptions) -> Resul
             ));
         }
     }
-    if !std::fs::metadata(image).is_ok_and(|m| m.is_file()) {
-        return Ok(Appended::Unsupported("not a regular file".into()));
-    }
+    let file_len = match std::fs::metadata(image) {
+        Ok(m) if m.is_file() => m.len(),
+        _ => return Ok(Appended::Unsupported("not a regular file".into())),
+    };
     if let Some(dev) = loop_device_of(image) {
         // Changed under a mount, the kernel would mix cached and new metadata; the
         // rebuild writes a new file and renames it over this one.
@@ -178,18 +176,10 @@ pub fn append_onto(image: &Path, layer: Layer<'_>, opts: &BuildOptions) -> Resul
         o.inode_version = InodeVersion::Extended;
     }
     let mut head = vec![0u8; head_len(bs)];
-    {
-        use std::os::unix::fs::FileExt;
-        let f = std::fs::File::open(image).map_err(io_err(image, "read image"))?;
-        f.read_exact_at(&mut head, 0)
-            .map_err(io_err(image, "read image"))?;
-    }
+    base.read_at(0, &mut head)?;
     if let Some(why) = unsupported_image(&sb, &head, &o) {
         return Ok(Appended::Unsupported(why));
     }
-    let file_len = std::fs::metadata(image)
-        .map_err(io_err(image, "read image"))?
-        .len();
     if file_len > sb.root_nid_and_blocks().1.saturating_mul(bs) {
         // A `--verity` hash tree, most likely: appending would bury it, stale.
         return Ok(Appended::Unsupported(
@@ -254,11 +244,11 @@ pub fn append_onto(image: &Path, layer: Layer<'_>, opts: &BuildOptions) -> Resul
         Layer::Dir(_) => true,
         Layer::Tars(t) => t.iter().all(|i| matches!(i, tarball::TarInput::File(_))),
     };
-    let root_core = if root_ino.extended { 64 } else { 32 };
     let places = Places {
+        file_len,
         root_pos,
         old_root_len,
-        old_root_xattrs: root_ino.meta_size.saturating_sub(root_core) as usize,
+        old_root_xattrs: root_ino.meta_size.saturating_sub(core_size(&root_ino)) as usize,
         dotdots: &dotdots,
         links,
         raw_xattrs,
@@ -367,10 +357,13 @@ struct RawXattrs {
 /// name (a hostile image could nest far).
 const MAX_HIDDEN: usize = 50_000_000;
 
-fn opaque(n: &Node) -> bool {
-    n.xattrs
-        .iter()
-        .any(|(k, v)| k.as_slice() == OVL_OPAQUE && v.as_slice() == b"y")
+/// Bytes of an image inode's core (before its xattr area).
+fn core_size(ino: &Inode) -> u64 {
+    if ino.extended {
+        EXTENDED_SIZE as u64
+    } else {
+        COMPACT_SIZE as u64
+    }
 }
 
 fn mode_of(ft: u8) -> Option<u16> {
@@ -480,8 +473,8 @@ impl Walk<'_> {
         }
         if hide {
             // An opaque directory: everything of the image's under it goes.
-            for &(nid, ft) in based.values() {
-                self.hide(nid, ft, depth + 1)?;
+            for &(nid, _) in based.values() {
+                self.hide(nid, depth + 1)?;
             }
             based.clear();
         }
@@ -514,8 +507,8 @@ impl Walk<'_> {
                 _ => None,
             };
             if below_dir.is_none() {
-                if let Some(&(nid, ft)) = based.get(name) {
-                    self.hide(nid, ft, depth + 1)?;
+                if let Some(&(nid, _)) = based.get(name) {
+                    self.hide(nid, depth + 1)?;
                 }
             }
             if strip && is_whiteout(ln) {
@@ -536,20 +529,15 @@ impl Walk<'_> {
 
     /// The xattr area of image inode `ino` as stored (None: it has none).
     fn xattr_area(&self, ino: &Inode) -> Result<Option<Vec<u8>>> {
-        use std::os::unix::fs::FileExt;
-        let core = if ino.extended { 64 } else { 32 };
         let Some((pos, end)) = self.base.img.inode_record(ino) else {
             return Ok(None);
         };
-        let from = pos + core;
+        let from = pos + core_size(ino);
         if end <= from {
             return Ok(None);
         }
         let mut area = vec![0u8; (end - from) as usize];
-        let f =
-            std::fs::File::open(&*self.base.path).map_err(io_err(&self.base.path, "read image"))?;
-        f.read_exact_at(&mut area, from)
-            .map_err(io_err(&self.base.path, "read image"))?;
+        self.base.read_at(from, &mut area)?;
         Ok(Some(area))
     }
 
@@ -587,9 +575,7 @@ impl Walk<'_> {
                 }
                 if m == S_IFCHR && ino.rdev == 0 {
                     if self.o.ovlfs_strip {
-                        if ino.nlink > 1 {
-                            *self.unlinked.entry(nid).or_default() += 1;
-                        }
+                        self.lost_name(&ino);
                         return Ok(None);
                     }
                     return Ok(Some(self.kept(nid, S_IFCHR, true, rel)));
@@ -600,9 +586,16 @@ impl Walk<'_> {
         Ok(Some(self.kept(nid, mode, false, rel)))
     }
 
-    /// The image's entry `nid` (type `ft`) is hidden by the layer: a name of an inode
-    /// with several is gone; a directory's whole subtree is.
-    fn hide(&mut self, nid: u64, ft: u8, depth: usize) -> Result<()> {
+    /// Image inode `ino` lost one of its names: counted when it has others.
+    fn lost_name(&mut self, ino: &Inode) {
+        if ino.nlink > 1 {
+            *self.unlinked.entry(ino.nid).or_default() += 1;
+        }
+    }
+
+    /// The image's entry `nid` is hidden by the layer: a name of an inode with several
+    /// is gone; a directory's whole subtree is.
+    fn hide(&mut self, nid: u64, depth: usize) -> Result<()> {
         let base = self.base;
         let rerr = erofsin::rerr(&base.path);
         self.hidden_seen += 1;
@@ -615,15 +608,12 @@ impl Walk<'_> {
         }
         let ino = base.img.inode(nid).map_err(&rerr)?;
         if !ino.is_dir() {
-            if ino.nlink > 1 {
-                *self.unlinked.entry(nid).or_default() += 1;
-            }
+            self.lost_name(&ino);
             return Ok(());
         }
-        let _ = ft;
         for e in base.img.read_dir(&ino).map_err(&rerr)? {
             if e.name != b"." && e.name != b".." {
-                self.hide(e.nid, e.file_type, depth + 1)?;
+                self.hide(e.nid, depth + 1)?;
             }
         }
         Ok(())
@@ -643,8 +633,11 @@ impl Walk<'_> {
             };
             match (left, ino.extended) {
                 (0, _) => {}
-                (n, true) => out.push((pos + 0x2C, n.to_le_bytes().to_vec())),
-                (n, false) => out.push((pos + 0x06, (n as u16).to_le_bytes().to_vec())),
+                (n, true) => out.push((pos + EXTENDED_NLINK_AT as u64, n.to_le_bytes().to_vec())),
+                (n, false) => out.push((
+                    pos + COMPACT_NLINK_AT as u64,
+                    (n as u16).to_le_bytes().to_vec(),
+                )),
             }
         }
         Ok(out)
@@ -732,10 +725,10 @@ fn dotdot_pos<S: ferofs_reader::Source>(
     Ok(None)
 }
 
-/// Stages 2-6 for the append: new inodes behind the image's end, then the in-place
-/// writes.
 /// Where the in-place writes go.
 struct Places<'a> {
+    /// The image file's length before the append.
+    file_len: u64,
     /// The root's record and its old length, and that of its xattr area (kept: room
     /// `--root-xattr-isize` reserved stays for the next append).
     root_pos: u64,
@@ -747,7 +740,8 @@ struct Places<'a> {
     raw_xattrs: Vec<RawXattrs>,
 }
 
-/// Inner Err: the layer, once read, cannot be appended (nothing was written).
+/// Stages 2-6 for the append: new inodes behind the image's end, then the in-place
+/// writes. Inner Err: the layer, once read, cannot be appended (nothing was written).
 fn write_append(
     image: &Path,
     mut tree: Tree,
@@ -758,6 +752,7 @@ fn write_append(
     o: &BuildOptions,
 ) -> Result<std::result::Result<BuildReport, String>> {
     let Places {
+        file_len: old_len,
         root_pos,
         old_root_len,
         old_root_xattrs,
@@ -791,12 +786,7 @@ fn write_append(
             plan.xattrs.ibody[r.id] = r.area;
         }
     }
-    for (id, nd) in tree.nodes.iter().enumerate() {
-        let tail = plan.sizes[id] % bs;
-        plan.content_inline[id] = matches!(nd.kind, Kind::Dir { .. } | Kind::Symlink { .. })
-            && tail != 0
-            && plan.fixed_meta(id) + tail <= bs;
-    }
+    plan.decide_content_inline(&tree);
     crate::xattrs::reserve_root(&mut plan.xattrs, root, old_root_xattrs);
     // The root's record (core and xattrs: its entries go to blocks) must fit its old
     // place.
@@ -809,9 +799,6 @@ fn write_append(
         )));
     }
     let mut out = Out::append(image)?;
-    let old_len = std::fs::metadata(image)
-        .map_err(io_err(image, "read image"))?
-        .len();
     let (_, blocks) = sb.root_nid_and_blocks();
     let start_blk = old_len.div_ceil(bs).max(blocks);
     plan.first_blk = start_blk;
@@ -926,11 +913,7 @@ fn write_append(
     let sbo = fsb::SB_OFFSET as usize;
     let enc = new_sb.encode();
     head[sbo..sbo + enc.len()].copy_from_slice(&enc);
-    if new_sb.has_compat(fsb::COMPAT_SB_CHKSUM) {
-        let clen = fsb::checksum_len(bs as u32);
-        let csum = fsb::compute_checksum(&head[sbo..sbo + clen]);
-        head[sbo + 4..sbo + 8].copy_from_slice(&csum.to_le_bytes());
-    }
+    crate::sb::put_checksum(&mut head, &new_sb);
     // What the in-place writes overwrite, put back should one of them fail (then the
     // appended bytes go too, when `out` is dropped): the image as it was.
     let mut saved = vec![(0u64, vec![0u8; head.len()])];

@@ -53,6 +53,16 @@ pub struct ErofsImage {
     pub img: Image<Arc<dyn ferofs_reader::Source>>,
 }
 
+impl ErofsImage {
+    /// Raw bytes of the image at `offset` (an error naming the image past its end).
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.img
+            .source()
+            .read_exact_at(buf, offset)
+            .map_err(io_err(&self.path, "read image"))
+    }
+}
+
 impl std::fmt::Debug for ErofsImage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "ErofsImage({})", self.path.display())

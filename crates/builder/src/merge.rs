@@ -215,7 +215,7 @@ pub(crate) fn mark_whiteout_dirs(tree: &mut Tree, strip: bool) {
     }
 }
 
-fn opaque(n: &Node) -> bool {
+pub(crate) fn opaque(n: &Node) -> bool {
     n.xattrs
         .iter()
         .any(|(k, v)| k.as_slice() == OVL_OPAQUE && v.as_slice() == b"y")

@@ -71,6 +71,24 @@ impl Plan {
         self.inline_data && tail != 0 && self.fixed_meta(id) + tail <= self.bs
     }
 
+    /// Directories and symlinks: the last partial block goes inline whenever it fits
+    /// behind the inode's core and xattrs (regardless of -E noinline_data, like mkfs).
+    /// Decided again by whoever changes an xattr area after planning.
+    pub fn decide_content_inline(&mut self, tree: &Tree) {
+        let bs = self.bs;
+        self.content_inline = tree
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(id, nd)| {
+                let tail = self.sizes[id] % bs;
+                matches!(nd.kind, Kind::Dir { .. } | Kind::Symlink { .. })
+                    && tail != 0
+                    && self.fixed_meta(id) + tail <= bs
+            })
+            .collect();
+    }
+
     /// Set the size of regular file `id` (the packed inode, known after the data).
     pub fn set_file_size(&mut self, id: InodeId, size: u64) {
         self.sizes[id] = size;
@@ -314,19 +332,7 @@ fn plan_with(tree: &Tree, build_time: i64, o: &BuildOptions, share: bool) -> Res
         inline_data: o.inline_data,
         ino_base: 0,
     };
-    // Directories and symlinks: the last partial block goes inline whenever it fits
-    // (regardless of -E noinline_data, like mkfs).
-    p.content_inline = tree
-        .nodes
-        .iter()
-        .enumerate()
-        .map(|(id, nd)| {
-            let tail = p.sizes[id] % bs;
-            matches!(nd.kind, Kind::Dir { .. } | Kind::Symlink { .. })
-                && tail != 0
-                && p.fixed_meta(id) + tail <= bs
-        })
-        .collect();
+    p.decide_content_inline(tree);
     Ok(p)
 }
 

@@ -358,7 +358,14 @@ pub fn seal_block0(block0: &mut [u8], sb: &Superblock, cfg: &ComprCfg, with_cfg:
         let table = cfg.prefix_table();
         block0[at..at + table.len()].copy_from_slice(&table);
     }
+    put_checksum(block0, sb);
+}
+
+/// With the checksum feature, `sb`'s checksum over `block0` (the image's first bytes,
+/// superblock encoded at its offset) into its field.
+pub fn put_checksum(block0: &mut [u8], sb: &Superblock) {
     if sb.feature_compat & COMPAT_SB_CHKSUM != 0 {
+        let sbo = SB_OFFSET as usize;
         let clen = checksum_len(1u32 << sb.blkszbits);
         let csum = compute_checksum(&block0[sbo..sbo + clen]);
         block0[sbo + 4..sbo + 8].copy_from_slice(&csum.to_le_bytes());

@@ -1069,12 +1069,7 @@ pub fn run(mut a: BuildArgs) -> Result<()> {
         }
         if a.by_reference {
             // The image would refer to the file it replaces.
-            use std::os::unix::fs::MetadataExt;
-            let id = |p: &std::path::Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
-            if let Some(l) = layers
-                .iter()
-                .find(|l| id(l).is_some() && id(l) == id(&image))
-            {
+            if let Some(l) = layers.iter().find(|l| same_file(l, &image)) {
                 bail!(
                     "--by-reference: the output {} is the layer {} it would refer to",
                     image.display(),
@@ -1330,6 +1325,13 @@ fn open_files_to_the_hard_limit() {
     }
 }
 
+/// Whether `a` and `b` name one existing file (device and inode).
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let id = |p: &std::path::Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    id(a).is_some() && id(a) == id(b)
+}
+
 /// `--base`: `layer` onto `base` into `image`, appended in place when `image` is
 /// `base` (unless `rewrite`) and the options allow it, else a new image of the stack.
 fn onto(
@@ -1340,9 +1342,7 @@ fn onto(
     rewrite: bool,
     quiet: bool,
 ) -> Result<ferofs_builder::BuildReport, ferofs_builder::BuildError> {
-    use std::os::unix::fs::MetadataExt;
-    let id = |p: &std::path::Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
-    if !rewrite && id(base).is_some() && id(base) == id(image) {
+    if !rewrite && same_file(base, image) {
         match ferofs_builder::append_onto(base, layer, opts)? {
             ferofs_builder::Appended::Done(r) => return Ok(*r),
             ferofs_builder::Appended::Unsupported(why) => {

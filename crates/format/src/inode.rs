@@ -4,6 +4,10 @@ use crate::le::*;
 
 pub const COMPACT_SIZE: usize = 32;
 pub const EXTENDED_SIZE: usize = 64;
+/// Byte of the link count in a compact inode (`i_nb`, u16) and an extended one
+/// (`i_nlink`, u32).
+pub const COMPACT_NLINK_AT: usize = 0x06;
+pub const EXTENDED_NLINK_AT: usize = 0x2C;
 
 /// `i_format` bit 0: extended inode.
 pub const I_VERSION_EXTENDED: u16 = 0x1;
@@ -137,7 +141,7 @@ impl InodeCore {
             format: u16_at(b, 0x00),
             xattr_icount: u16_at(b, 0x02),
             mode: u16_at(b, 0x04),
-            nb: u16_at(b, 0x06),
+            nb: u16_at(b, COMPACT_NLINK_AT),
             size: u64::from(u32_at(b, 0x08)),
             mtime: i64::from(u32_at(b, 0x0C)),
             mtime_nsec: 0,
@@ -162,7 +166,7 @@ impl InodeCore {
             gid: u32_at(b, 0x1C),
             mtime: u64_at(b, 0x20) as i64,
             mtime_nsec: u32_at(b, 0x28),
-            nlink_ext: u32_at(b, 0x2C),
+            nlink_ext: u32_at(b, EXTENDED_NLINK_AT),
         }
     }
 

@@ -178,13 +178,13 @@ impl Superblock {
 
     /// Label as bytes up to the first NUL.
     pub fn label(&self) -> &[u8] {
-        let end = self
-            .volume_name
-            .iter()
-            .position(|&c| c == 0)
-            .unwrap_or(self.volume_name.len());
-        &self.volume_name[..end]
+        until_nul(&self.volume_name)
     }
+}
+
+/// `b` up to its first NUL.
+fn until_nul(b: &[u8]) -> &[u8] {
+    &b[..b.iter().position(|&c| c == 0).unwrap_or(b.len())]
 }
 
 fn arr16(b: &[u8; SB_MAX_SIZE], off: usize) -> [u8; 16] {
@@ -244,12 +244,7 @@ impl DeviceSlot {
 
     /// The tag up to its first NUL (empty: none).
     pub fn tag_bytes(&self) -> &[u8] {
-        let end = self
-            .tag
-            .iter()
-            .position(|&b| b == 0)
-            .unwrap_or(self.tag.len());
-        &self.tag[..end]
+        until_nul(&self.tag)
     }
 
     /// The device's size in blocks.

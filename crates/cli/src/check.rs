@@ -12,7 +12,7 @@
 
 use crate::fmt::bytes_display;
 use crate::source::Image;
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use clap::Args;
 use ferofs_format::dirent::{file_type_of_mode, FT_DIR};
 use ferofs_format::sb::INCOMPAT_FRAGMENTS;
@@ -54,13 +54,69 @@ pub struct CheckArgs {
     /// the blocks their stored extents take against the blocks their sizes take.
     #[arg(long)]
     pub ratio: bool,
+    /// Check only this path of the image: the file, or the directory and everything
+    /// below it (fsck.erofs's `--path`). The superblock is checked as always; link
+    /// counts of files with names outside the subtree are not (only that no file has
+    /// more names than its count), nor the packed inode as a whole (the fragments of
+    /// the files checked are read).
+    #[arg(long, conflicts_with = "nid")]
+    pub path: Option<String>,
+    /// Check only the inode of this number and, for a directory, everything below it
+    /// (fsck.erofs's `--nid`), as `--path` does; also inodes no directory lists, e.g.
+    /// the packed inode (`inspect` shows its nid).
+    #[arg(long)]
+    pub nid: Option<u64>,
+}
+
+/// Where a scoped check (`--path`, `--nid`) starts.
+pub struct Scope {
+    /// The inode the walk starts from (a directory or any other inode).
+    pub ino: Inode,
+    /// How problems name it: the path given, or `(nid N)`.
+    pub path: String,
+    /// The parent its `..` must point at, when known (the path's directory).
+    pub parent: Option<u64>,
+}
+
+/// The subtree `--path` or `--nid` names (`None`: the whole image; so is `--nid` of
+/// the root, as in fsck.erofs, which then checks the packed inode too).
+fn scope_of(img: &Image, a: &CheckArgs) -> Result<Option<Scope>> {
+    if let Some(p) = &a.path {
+        let ino = img
+            .lookup(p.as_bytes())
+            .with_context(|| format!("{p}: lookup failed"))?;
+        let trimmed = p.trim_end_matches('/');
+        let parent = match trimmed.rsplit_once('/') {
+            _ if ino.nid == img.root_nid() => Some(ino.nid),
+            Some((dir, _)) => Some(
+                img.lookup(if dir.is_empty() { b"/" } else { dir.as_bytes() })
+                    .with_context(|| format!("{dir}: lookup failed"))?
+                    .nid,
+            ),
+            None => Some(img.root_nid()),
+        };
+        // As the walk names paths: "/a/b", whatever slashes were given.
+        let path = format!("/{}", trimmed.trim_start_matches('/'));
+        return Ok(Some(Scope { ino, path, parent }));
+    }
+    match a.nid {
+        Some(n) if n != img.root_nid() => {
+            let ino = img.inode(n).with_context(|| format!("nid {n}"))?;
+            Ok(Some(Scope {
+                ino,
+                path: format!("(nid {n})"),
+                parent: None,
+            }))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// (logical, physical) blocks of every regular file, each counted once, as
 /// fsck.erofs's `-p` counts them: its size in blocks, and the bytes its extents
 /// store (inline tails and fragments included, holes not) rounded up to blocks; the
 /// packed inode's stored bytes count as physical only.
-fn compression_blocks(img: &Image) -> (u64, u64) {
+fn compression_blocks(img: &Image, scope: Option<&Scope>) -> (u64, u64) {
     let bs = u64::from(img.block_size());
     let stored = |ino: &ferofs_reader::Inode| {
         let b: u64 = img
@@ -72,10 +128,14 @@ fn compression_blocks(img: &Image) -> (u64, u64) {
     };
     let mut seen = HashSet::new();
     let (mut logical, mut physical) = (0u64, 0u64);
-    let Ok(root) = img.inode(img.root_nid()) else {
-        return (0, 0);
+    let top = match scope {
+        Some(s) => s.ino.clone(),
+        None => match img.inode(img.root_nid()) {
+            Ok(r) => r,
+            Err(_) => return (0, 0),
+        },
     };
-    let _ = img.walk_from(&root, |_, ino| {
+    let _ = img.walk_from(&top, |_, ino| {
         if ino.is_regular() && seen.insert(ino.nid) {
             logical = logical.saturating_add(ino.size.div_ceil(bs));
             physical = physical.saturating_add(stored(ino));
@@ -83,7 +143,8 @@ fn compression_blocks(img: &Image) -> (u64, u64) {
         Ok(())
     });
     let sb = img.superblock();
-    if sb.feature_incompat & ferofs_format::sb::INCOMPAT_FRAGMENTS != 0 {
+    // The packed inode counts for the whole image only (as in fsck.erofs).
+    if scope.is_none() && sb.feature_incompat & ferofs_format::sb::INCOMPAT_FRAGMENTS != 0 {
         if let Ok(p) = img.inode(sb.packed_nid) {
             physical = physical.saturating_add(stored(&p));
         }
@@ -316,9 +377,16 @@ pub fn open_for_check(path: &std::path::Path) -> Result<(Image, Vec<Problem>), E
     }
 }
 
-/// Check a whole image. `verbose` prints each path to stderr as it is walked. `watch`:
-/// byte ranges (sorted, not overlapping) whose owners the report names.
-pub fn check_image(img: &Image, image_len: u64, verbose: bool, watch: &[(u64, u64)]) -> Report {
+/// Check the image, or only the subtree `scope` names (`None`: the whole image).
+/// `verbose` prints each path to stderr as it is walked. `watch`: byte ranges (sorted,
+/// not overlapping) whose owners the report names.
+pub fn check_image(
+    img: &Image,
+    image_len: u64,
+    verbose: bool,
+    watch: &[(u64, u64)],
+    scope: Option<&Scope>,
+) -> Report {
     let mut problems: Vec<Problem> = Vec::new();
     let mut summary = Summary::default();
     let bs = u64::from(img.block_size());
@@ -328,23 +396,41 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool, watch: &[(u64, u6
     let mut found: HashMap<u64, Found> = HashMap::new();
     let mut dirs_seen: HashSet<u64> = HashSet::new();
     // Names found per non-directory nid (for nlink).
-    let root = match img.inode(root_nid) {
-        Ok(r) => r,
-        Err(e) => {
-            problems.push(Problem::from_error(
-                &["/".into()],
-                root_nid,
-                &e,
-                "root inode unreadable; the whole tree is unreachable",
-            ));
-            return Report {
-                problems,
-                summary,
-                watched: vec![Vec::new(); watch.len()],
-            };
-        }
+    let root = match scope {
+        Some(s) => s.ino.clone(),
+        None => match img.inode(root_nid) {
+            Ok(r) => r,
+            Err(e) => {
+                problems.push(Problem::from_error(
+                    &["/".into()],
+                    root_nid,
+                    &e,
+                    "root inode unreadable; the whole tree is unreachable",
+                ));
+                return Report {
+                    problems,
+                    summary,
+                    watched: vec![Vec::new(); watch.len()],
+                };
+            }
+        },
     };
-    if !root.is_dir() {
+    let top_path = scope.map_or_else(|| "/".to_string(), |s| s.path.clone());
+    let top_parent = match scope {
+        Some(s) => s.parent,
+        None => Some(root_nid),
+    };
+    let walk_root = root.nid;
+    // (directory inode, its path, parent nid when known, depth)
+    let mut stack: Vec<(Inode, String, Option<u64>, usize)> = Vec::new();
+    if root.is_dir() {
+        dirs_seen.insert(walk_root);
+        summary.entries = 1;
+        stack.push((root.clone(), top_path.clone(), top_parent, 0));
+    } else if scope.is_some() {
+        // One file: no walk.
+        summary.entries = 1;
+    } else {
         problems.push(
             Problem::new("/", "NotADirectory", "root is not a directory")
                 .nid(root_nid)
@@ -356,16 +442,11 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool, watch: &[(u64, u6
             watched: vec![Vec::new(); watch.len()],
         };
     }
-    dirs_seen.insert(root_nid);
-    summary.entries = 1;
-    // (directory inode, its path, parent nid, depth)
-    let mut stack: Vec<(Inode, String, u64, usize)> =
-        vec![(root.clone(), "/".to_string(), root_nid, 0)];
     found.insert(
-        root_nid,
+        walk_root,
         Found {
             ino: root,
-            paths: vec!["/".into()],
+            paths: vec![top_path],
         },
     );
     let mut buf = vec![0u8; bs as usize];
@@ -461,7 +542,7 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool, watch: &[(u64, u6
                 }
                 if e.name == b".." {
                     saw_dotdot = true;
-                    if e.nid != parent {
+                    if let Some(parent) = parent.filter(|&p| p != e.nid) {
                         problems.push(
                             Problem::new(
                                 &dpath,
@@ -545,7 +626,7 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool, watch: &[(u64, u6
                             paths: vec![cpath.clone()],
                         },
                     );
-                    stack.push((child, cpath, dir.nid, depth + 1));
+                    stack.push((child, cpath, Some(dir.nid), depth + 1));
                 } else {
                     found
                         .entry(child.nid)
@@ -568,11 +649,12 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool, watch: &[(u64, u6
                 );
             }
             if !saw_dotdot {
-                problems.push(
-                    Problem::new(&dpath, "BadDotDot", "directory has no \"..\" entry")
-                        .nid(dir.nid)
-                        .expected(parent),
-                );
+                let p =
+                    Problem::new(&dpath, "BadDotDot", "directory has no \"..\" entry").nid(dir.nid);
+                problems.push(match parent {
+                    Some(n) => p.expected(n),
+                    None => p,
+                });
             }
             let want = subdirs.saturating_add(2);
             if u64::from(dir.nlink) != want {
@@ -590,8 +672,15 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool, watch: &[(u64, u6
         }
     }
     // nlink of everything else: the names found.
+    // A subtree sees only some names of a file: then only more names than links
+    // is wrong.
     for f in found.values() {
-        if !f.ino.is_dir() && u64::from(f.ino.nlink) != f.paths.len() as u64 {
+        let names = f.paths.len() as u64;
+        let bad = match scope {
+            None => u64::from(f.ino.nlink) != names,
+            Some(_) => u64::from(f.ino.nlink) < names,
+        };
+        if !f.ino.is_dir() && bad {
             problems.push(Problem {
                 paths: f.paths.clone(),
                 kind: "BadNlink".into(),
@@ -609,7 +698,7 @@ pub fn check_image(img: &Image, image_len: u64, verbose: bool, watch: &[(u64, u6
     }
     // The packed inode (fragments) holds data too.
     let sb = img.superblock();
-    if sb.has_incompat(INCOMPAT_FRAGMENTS) && sb.packed_nid != 0 {
+    if scope.is_none() && sb.has_incompat(INCOMPAT_FRAGMENTS) && sb.packed_nid != 0 {
         match img.inode(sb.packed_nid) {
             Ok(ino) => {
                 found.entry(ino.nid).or_insert(Found {
@@ -1097,7 +1186,8 @@ pub fn run(a: CheckArgs) -> Result<bool> {
             }
         );
     }
-    let rep = check_image(&img, image_len, a.verbose, &bad_blocks);
+    let scope = scope_of(&img, &a)?;
+    let rep = check_image(&img, image_len, a.verbose, &bad_blocks, scope.as_ref());
     if let Some(v) = &verity {
         problems.extend(verity_problems(v, &rep.watched));
     }
@@ -1106,7 +1196,7 @@ pub fn run(a: CheckArgs) -> Result<bool> {
     if verity.as_ref().is_some_and(|v| v.report.more > 0) {
         s.truncated = true;
     }
-    let ratio = a.ratio.then(|| compression_blocks(&img));
+    let ratio = a.ratio.then(|| compression_blocks(&img, scope.as_ref()));
     let percent = |(l, p): (u64, u64)| {
         if l == 0 {
             0.0

@@ -1209,6 +1209,7 @@ fn one_image(prog: &str, pos: Vec<OsString>) -> Result<OsString> {
 pub fn fsck_to_ferofs(args: &[OsString]) -> Result<Vec<OsString>> {
     let mut pos = Vec::new();
     let (mut extract, mut path) = (None::<String>, None::<String>);
+    let mut nid = None::<String>;
     // fsck.erofs restores owners and exact modes for root only, by default.
     let root = rustix::process::geteuid().is_root();
     let (mut overwrite, mut owner, mut perms, mut xattrs) = (false, root, root, false);
@@ -1227,6 +1228,7 @@ pub fn fsck_to_ferofs(args: &[OsString]) -> Result<Vec<OsString>> {
             Arg::Long(n, v) => match (n.as_str(), v) {
                 ("extract", v) => extract = Some(v.unwrap_or_default()),
                 ("path", Some(p)) => path = Some(p),
+                ("nid", Some(n)) => nid = Some(n),
                 ("offset", Some(o)) => offset = Some(o),
                 ("device", Some(d)) => devices.push(d),
                 ("force", None) => {}
@@ -1250,7 +1252,13 @@ pub fn fsck_to_ferofs(args: &[OsString]) -> Result<Vec<OsString>> {
         }
     }
     let image = one_image("fsck.erofs", pos)?;
-    let mut v = fsck_command(image, extract, path, overwrite, owner, xattrs)?;
+    // fsck.erofs takes the path when given both.
+    let what = match (path, nid) {
+        (Some(p), _) => Some(("--path", p)),
+        (None, Some(n)) => Some(("--nid", n)),
+        (None, None) => None,
+    };
+    let mut v = fsck_command(image, extract, what, overwrite, owner, xattrs);
     if !perms && v.first().is_some_and(|c| c == "extract") {
         v.push("--no-same-permissions".into());
     }
@@ -1270,19 +1278,20 @@ pub fn fsck_to_ferofs(args: &[OsString]) -> Result<Vec<OsString>> {
     Ok(v)
 }
 
+/// `what`: the `--path` or `--nid` option and its value, when one was given.
 fn fsck_command(
     image: OsString,
     extract: Option<String>,
-    path: Option<String>,
+    what: Option<(&str, String)>,
     overwrite: bool,
     owner: bool,
     xattrs: bool,
-) -> Result<Vec<OsString>> {
+) -> Vec<OsString> {
     match extract.filter(|d| !d.is_empty()) {
         Some(dir) => {
             let mut v: Vec<OsString> = vec!["extract".into(), image, dir.into()];
-            if let Some(p) = path {
-                v.extend(["--path".into(), p.into()]);
+            if let Some((opt, val)) = what {
+                v.extend([opt.into(), val.into()]);
             }
             if overwrite {
                 v.push("--force".into());
@@ -1294,13 +1303,14 @@ fn fsck_command(
                 // fsck.erofs restores no xattrs unless asked.
                 v.push("--no-xattrs".into());
             }
-            Ok(v)
+            v
         }
         None => {
-            if path.is_some() {
-                bail!("fsck.erofs: --path without --extract=DIR is not implemented by ferofs");
+            let mut v: Vec<OsString> = vec!["check".into(), image];
+            if let Some((opt, val)) = what {
+                v.extend([opt.into(), val.into()]);
             }
-            Ok(vec!["check".into(), image])
+            v
         }
     }
 }
@@ -1470,10 +1480,14 @@ pub fn dump_to_ferofs(args: &[OsString]) -> Result<Vec<Vec<OsString>>> {
         cmds.push(vec!["inspect".into(), image.clone()]);
     }
     if let (None, Some(n)) = (&path, nid) {
-        if ls || cat {
-            bail!("dump.erofs: --ls and --cat with --nid are not implemented by ferofs (give --path=X)");
-        }
-        cmds.push(vec!["stat".into(), image, "--nid".into(), n.into()]);
+        let verb = if ls {
+            "ls"
+        } else if cat {
+            "cat"
+        } else {
+            "stat"
+        };
+        cmds.push(vec![verb.into(), image, "--nid".into(), n.into()]);
         if let Some(o) = offset {
             for c in &mut cmds {
                 c.extend(["--offset".into(), o.clone().into()]);
@@ -1553,6 +1567,18 @@ mod fsck_dump_tests {
             [os(&["stat", "img", "/a", "--offset", "512"])]
         );
         assert_eq!(
+            fsck_to_ferofs(&os(&["--path=/etc", "-p", "img"])).expect("f"),
+            os(&["check", "img", "--path", "/etc", "--ratio"])
+        );
+        assert_eq!(
+            fsck_to_ferofs(&os(&["--nid=36", "img"])).expect("f"),
+            os(&["check", "img", "--nid", "36"])
+        );
+        assert_eq!(
+            fsck_to_ferofs(&os(&["--extract=o", "--nid=36", "--xattrs", "img"])).expect("f"),
+            os(&["extract", "img", "o", "--nid", "36"])
+        );
+        assert_eq!(
             fsck_to_ferofs(&os(&["--device=blob", "img"])).expect("device"),
             os(&["check", "img", "--device", "blob"])
         );
@@ -1576,7 +1602,13 @@ mod fsck_dump_tests {
             dump_to_ferofs(&os(&["--nid=36", "-e", "img"])).expect("d"),
             [os(&["stat", "img", "--nid", "36"])]
         );
-        let e = dump_to_ferofs(&os(&["--nid=36", "--ls", "img"])).expect_err("nid");
-        assert!(e.to_string().contains("--nid"), "{e}");
+        assert_eq!(
+            dump_to_ferofs(&os(&["--nid=36", "--ls", "img"])).expect("d"),
+            [os(&["ls", "img", "--nid", "36"])]
+        );
+        assert_eq!(
+            dump_to_ferofs(&os(&["--nid=40", "--cat", "--offset=512", "img"])).expect("d"),
+            [os(&["cat", "img", "--nid", "40", "--offset", "512"])]
+        );
     }
 }

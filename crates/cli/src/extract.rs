@@ -30,9 +30,14 @@ pub struct ExtractArgs {
     image: PathBuf,
     /// Output directory (created if missing; must be empty if it exists).
     out: PathBuf,
-    /// Extract only this path of the image.
+    /// Extract only this path of the image: a directory's contents go into the output
+    /// directory, any other file into it under its name.
     #[arg(long, default_value = "/")]
     path: String,
+    /// Extract only the inode of this number (fsck.erofs's `--nid`): as `--path`;
+    /// a file that is not a directory is named by its nid in the output directory.
+    #[arg(long, conflicts_with = "path")]
+    nid: Option<u64>,
     /// Worker threads (0 = all cores).
     #[arg(short = 'j', long, default_value_t = 0)]
     threads: usize,
@@ -82,9 +87,12 @@ pub fn run(a: ExtractArgs) -> Result<()> {
             .build_global()
             .ok();
     }
-    let top = img
-        .lookup(a.path.as_bytes())
-        .with_context(|| format!("{}: lookup failed", a.path))?;
+    let top = match a.nid {
+        Some(n) => img.inode(n).with_context(|| format!("nid {n}"))?,
+        None => img
+            .lookup(a.path.as_bytes())
+            .with_context(|| format!("{}: lookup failed", a.path))?,
+    };
     if a.out.exists() {
         if !a.force && fs::read_dir(&a.out)?.next().is_some() {
             bail!("{} is not empty (use --force)", a.out.display());
@@ -118,13 +126,17 @@ pub fn run(a: ExtractArgs) -> Result<()> {
             Ok(())
         })?;
     } else {
-        let name = a
-            .path
-            .rsplit('/')
-            .next()
-            .unwrap_or("file")
-            .as_bytes()
-            .to_vec();
+        let name = match a.nid {
+            Some(n) => n.to_string().into_bytes(),
+            None => a
+                .path
+                .trim_end_matches('/')
+                .rsplit('/')
+                .next()
+                .unwrap_or("file")
+                .as_bytes()
+                .to_vec(),
+        };
         entries.push(Entry {
             rel: name,
             ino: top,

@@ -69,9 +69,22 @@ pub fn entry_json(img: &Image, name: &[u8], ino: &Inode) -> Result<Value> {
     Ok(v)
 }
 
-pub fn ls(image: &Path, path: &str, json_out: bool, all: bool) -> Result<()> {
+/// The inode `--nid` names, or else the one at `path`, and how to name it.
+fn by_path_or_nid(img: &Image, path: Option<&str>, nid: Option<u64>) -> Result<(Inode, String)> {
+    match (path, nid) {
+        (_, Some(n)) => Ok((
+            img.inode(n).with_context(|| format!("nid {n}"))?,
+            format!("(nid {n})"),
+        )),
+        (Some(p), None) => Ok((lookup(img, p)?, p.to_string())),
+        (None, None) => anyhow::bail!("give a PATH or --nid"),
+    }
+}
+
+pub fn ls(image: &Path, path: &str, nid: Option<u64>, json_out: bool, all: bool) -> Result<()> {
     let img = open(image)?;
-    let ino = lookup(&img, path)?;
+    let (ino, path) = by_path_or_nid(&img, Some(path), nid)?;
+    let path = path.as_str();
     let entries: Vec<(Vec<u8>, Inode)> = if ino.is_dir() {
         let mut v = Vec::new();
         // A DOT_OMITTED directory stores no "."; show it as the kernel does.
@@ -126,9 +139,10 @@ pub fn ls(image: &Path, path: &str, json_out: bool, all: bool) -> Result<()> {
     Ok(())
 }
 
-pub fn cat(image: &Path, path: &str) -> Result<()> {
+pub fn cat(image: &Path, path: Option<&str>, nid: Option<u64>) -> Result<()> {
     let img = open(image)?;
-    let ino = lookup(&img, path)?;
+    let (ino, path) = by_path_or_nid(&img, path, nid)?;
+    let path = path.as_str();
     anyhow::ensure!(!ino.is_dir(), "{path}: is a directory");
     let mut out = std::io::stdout().lock();
     if ino.is_symlink() {
@@ -157,14 +171,7 @@ pub fn cat(image: &Path, path: &str) -> Result<()> {
 
 pub fn stat(image: &Path, path: Option<&str>, nid: Option<u64>, json_out: bool) -> Result<()> {
     let img = open(image)?;
-    let (ino, path) = match (path, nid) {
-        (_, Some(n)) => (
-            img.inode(n).with_context(|| format!("nid {n}"))?,
-            format!("(nid {n})"),
-        ),
-        (Some(p), None) => (lookup(&img, p)?, p.to_string()),
-        (None, None) => anyhow::bail!("stat: give a PATH or --nid"),
-    };
+    let (ino, path) = by_path_or_nid(&img, path, nid)?;
     let path = path.as_str();
     let mut v = entry_json(&img, path.as_bytes(), &ino)?;
     v["ino"] = json!(ino.ino);

@@ -51,6 +51,10 @@ enum Cmd {
         /// Path inside the image (default: the root).
         #[arg(default_value = "/")]
         path: String,
+        /// The directory (or file) by its inode number instead of a path
+        /// (dump.erofs's `--nid`).
+        #[arg(long, conflicts_with = "path")]
+        nid: Option<u64>,
         /// Print JSON (one array of entries).
         #[arg(long)]
         json: bool,
@@ -62,7 +66,12 @@ enum Cmd {
     Cat {
         /// The image: a file or a URL (http://, https://, s3://bucket/key).
         image: PathBuf,
-        path: String,
+        #[arg(required_unless_present = "nid")]
+        path: Option<String>,
+        /// The file by its inode number instead of a path (dump.erofs's `--nid`):
+        /// also inodes no directory lists, e.g. the packed inode.
+        #[arg(long, conflicts_with = "path")]
+        nid: Option<u64>,
     },
     /// Show an inode: type, mode, owner, times, xattrs and data layout.
     Stat {
@@ -112,10 +121,11 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::Ls {
             image,
             path,
+            nid,
             json,
             all,
-        } => list::ls(&image, &path, json, all),
-        Cmd::Cat { image, path } => list::cat(&image, &path),
+        } => list::ls(&image, &path, nid, json, all),
+        Cmd::Cat { image, path, nid } => list::cat(&image, path.as_deref(), nid),
         Cmd::Stat {
             image,
             path,

@@ -321,6 +321,114 @@ fn each_corruption_is_reported_with_path_and_nid() {
     }
 }
 
+/// Problems of `check --json ARGS IMG`, with the exit status.
+fn check_with(img: &Path, args: &[&str]) -> (i32, Vec<Value>, Value) {
+    let mut a: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"check", &"--json"];
+    for x in args {
+        a.push(x);
+    }
+    a.push(&img);
+    let out = run(&a);
+    let v = json(&String::from_utf8_lossy(&out.stdout));
+    let probs = v["problems"].as_array().expect("problems").clone();
+    (
+        out.status.code().expect("exit code"),
+        probs,
+        v["summary"].clone(),
+    )
+}
+
+/// Paths of all problems.
+fn problem_paths(probs: &[Value]) -> Vec<String> {
+    probs
+        .iter()
+        .flat_map(|p| p["paths"].as_array().cloned().unwrap_or_default())
+        .filter_map(|x| x.as_str().map(String::from))
+        .collect()
+}
+
+#[test]
+fn path_and_nid_check_one_subtree() {
+    let fx = fixture();
+    let mut b = fs::read(&fx.plain).expect("read image");
+    let wants = [
+        swap_names(&fx.plain, &mut b),
+        nid_past_end(&fx.plain, &mut b),
+        dotdot(&fx.plain, &mut b),
+        bad_dir_block(&fx.plain, &mut b),
+        nlink(&fx.plain, &mut b),
+    ];
+    fix_checksum(&mut b);
+    let img = fx.dir.join("scoped.img");
+    fs::write(&img, &b).expect("write image");
+    let (code, all, _) = check_with(&img, &[]);
+    assert_eq!(code, 1);
+    for w in &wants {
+        assert_reported(&all, w);
+    }
+    // /beta: its lost entry only.
+    let (code, probs, sum) = check_with(&img, &["--path", "/beta"]);
+    assert_eq!(code, 1, "{probs:#?}");
+    assert_reported(&probs, &wants[1]);
+    assert!(
+        problem_paths(&probs).iter().all(|p| p.starts_with("/beta")),
+        "{probs:#?}"
+    );
+    assert_eq!(sum["directories"].as_u64(), Some(1), "{sum}");
+    // /alpha: the unsorted names and the bad ".." of its subdirectory, nothing else.
+    let (code, probs, _) = check_with(&img, &["--path", "alpha/"]);
+    assert_eq!(code, 1);
+    assert_reported(&probs, &wants[0]);
+    assert_reported(&probs, &wants[2]);
+    assert_eq!(probs.len(), 2, "{probs:#?}");
+    // /alpha/sub by path: its parent is known, so its ".." is checked, exactly.
+    let (code, probs, _) = check_with(&img, &["--path", "/alpha/sub"]);
+    assert_eq!(code, 1);
+    assert_eq!(probs.len(), 1, "{probs:#?}");
+    assert_eq!(probs[0]["kind"], "BadDotDot");
+    assert_eq!(probs[0]["value"].as_u64(), Some(nid(&fx.plain, "/beta")));
+    assert_eq!(
+        probs[0]["expected"].as_u64(),
+        Some(nid(&fx.plain, "/alpha"))
+    );
+    // By nid the parent is what ".." says (as fsck.erofs takes it): clean.
+    let sub = nid(&fx.plain, "/alpha/sub").to_string();
+    let (code, probs, sum) = check_with(&img, &["--nid", &sub]);
+    assert_eq!((code, probs.len()), (0, 0), "{probs:#?}");
+    assert_eq!(sum["entries"].as_u64(), Some(2), "{sum}");
+    // A hardlink seen by one of its names: fewer names than links is no problem
+    // in a subtree; its data is read.
+    let (code, probs, sum) = check_with(&img, &["--path", "/gamma"]);
+    assert_eq!((code, probs.len()), (0, 0), "{probs:#?}");
+    assert_eq!(sum["bytes_read"].as_u64(), Some(7), "{sum}");
+    // One file; a clean subtree beside the corrupt ones.
+    let (code, probs, sum) = check_with(&img, &["--path", "/beta/p2"]);
+    assert_eq!((code, probs.len()), (0, 0), "{probs:#?}");
+    assert_eq!(
+        (sum["inodes"].as_u64(), sum["bytes_read"].as_u64()),
+        (Some(1), Some(8))
+    );
+    let xf = nid(&fx.plain, "/xf").to_string();
+    let (code, probs, _) = check_with(&img, &["--nid", &xf]);
+    assert_eq!((code, probs.len()), (0, 0), "{probs:#?}");
+    // The root by nid is the whole image, as in fsck.erofs.
+    let root = nid(&fx.plain, "/").to_string();
+    let (_, probs, _) = check_with(&img, &["--nid", &root]);
+    assert_eq!(probs.len(), all.len());
+    // Unknown path or nid: exit 2, naming it.
+    let out = run(&[&"check", &"--path", &"/alpha/nope", &img]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/alpha/nope"));
+    let out = run(&[&"check", &"--nid", &"99999999", &img]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("99999999"));
+    // The drop-in: fsck.erofs --path / --nid without --extract.
+    let out = run(&[&"fsck", &"--path=/beta", &img]);
+    assert_eq!(out.status.code(), Some(1));
+    let out = run(&[&"fsck", &format!("--nid={sub}"), &img]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
+
 #[test]
 fn unopenable_image_exits_2() {
     let tmp = tempfile::tempdir().expect("tempdir");

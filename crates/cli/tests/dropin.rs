@@ -462,22 +462,59 @@ fn fsck_and_dump_command_lines() {
         (mode("etc/hostname"), mode("etc/opt"), mode("etc/name")),
         (0o640, 0o750, 0o777)
     );
-    for (tool, opts) in [
-        (&fsck, &["--nid=36"][..]),
-        (&dump, &["--nid=36", "--ls"][..]),
+    // fsck.erofs --path / --nid check one subtree; dump.erofs --nid with --ls / --cat.
+    let etc = json(&ok(&[&"stat", &"--json", &img, &"/etc"]))["nid"]
+        .as_u64()
+        .expect("nid");
+    let host = json(&ok(&[&"stat", &"--json", &img, &"/etc/hostname"]))["nid"]
+        .as_u64()
+        .expect("nid");
+    for opts in [
+        vec!["--path=/etc".to_string()],
+        vec![format!("--nid={etc}")],
+        vec![format!("--nid={host}")],
     ] {
-        let out = Command::new(tool)
-            .args(opts)
+        let out = Command::new(&fsck)
+            .args(&opts)
             .arg(&img)
             .output()
             .expect("run");
-        assert!(!out.status.success());
-        let name = opts[0].split('=').next().unwrap_or(opts[0]);
+        let text = String::from_utf8_lossy(&out.stdout);
         assert!(
-            String::from_utf8_lossy(&out.stderr).contains(name),
-            "{opts:?}"
+            out.status.success() && text.starts_with("clean"),
+            "{opts:?}: {out:?}"
         );
     }
+    let out = Command::new(&dump)
+        .args([format!("--nid={etc}"), "--ls".into()])
+        .arg(&img)
+        .output()
+        .expect("dump --ls");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        ok(&[&"ls", &img, &"/etc"])
+    );
+    let out = Command::new(&dump)
+        .args([format!("--nid={host}"), "--cat".into()])
+        .arg(&img)
+        .output()
+        .expect("dump --cat");
+    assert_eq!(
+        out.stdout,
+        std::fs::read(src.join("etc/hostname")).expect("read")
+    );
+    let xn = d.path().join("by-nid");
+    let st = Command::new(&fsck)
+        .arg(format!("--extract={}", xn.display()))
+        .arg(format!("--nid={etc}"))
+        .arg(&img)
+        .status()
+        .expect("fsck --extract --nid");
+    assert!(st.success());
+    assert_eq!(
+        std::fs::read(xn.join("hostname")).expect("extracted"),
+        std::fs::read(src.join("etc/hostname")).expect("read")
+    );
     // An inode by number (the root here).
     let root = json(&ok(&[&"inspect", &"--json", &img]))["root_nid"]
         .as_u64()

@@ -195,6 +195,11 @@ enum Sink {
     },
 }
 
+/// The most an `.lzma` stream's decoder may take (its dictionary): more is an error,
+/// not an allocation (xz's own default for `--format=lzma` is 8 MiB, its largest
+/// preset 64 MiB).
+const LZMA_MEMLIMIT: u64 = 1 << 30;
+
 /// Compression by magic.
 fn detect(head: &[u8]) -> &'static str {
     if head.starts_with(&[0x1f, 0x8b]) {
@@ -205,9 +210,28 @@ fn detect(head: &[u8]) -> &'static str {
         "zstd"
     } else if head.starts_with(b"BZh") {
         "bzip2"
+    } else if lzma_alone(head) {
+        "lzma"
     } else {
         "none"
     }
+}
+
+/// A `.lzma` (LZMA-alone) header: it has no magic, so its fields must hold what
+/// encoders write: properties below 225, a dictionary of 2^n or 2^n + 2^(n-1) bytes
+/// (4 KiB up; or all ones) and an uncompressed size (or all ones: unknown). A tar
+/// cannot start so: the dictionary needs a zero byte before a non-zero one inside
+/// the first name, which tar pads with zeros after its end only.
+fn lzma_alone(head: &[u8]) -> bool {
+    let Some(h) = head.get(..13) else {
+        return false;
+    };
+    let dict = u32::from_le_bytes([h[1], h[2], h[3], h[4]]);
+    let size = u64::from_le_bytes([h[5], h[6], h[7], h[8], h[9], h[10], h[11], h[12]]);
+    let pow = |d: u32| d.is_power_of_two() || (d % 3 == 0 && (d / 3).is_power_of_two());
+    h[0] < 225
+        && (dict == u32::MAX || dict >= 4096 && pow(dict))
+        && (size == u64::MAX || size < 1 << 48)
 }
 
 fn read_layer(
@@ -226,6 +250,11 @@ fn read_layer(
         Ok(match comp {
             "gzip" => Box::new(flate2::read::MultiGzDecoder::new(r)),
             "xz" => Box::new(liblzma::read::XzDecoder::new_multi_decoder(r)),
+            "lzma" => Box::new(liblzma::read::XzDecoder::new_stream(
+                r,
+                liblzma::stream::Stream::new_lzma_decoder(LZMA_MEMLIMIT)
+                    .map_err(|e| invalid(&shown, format!("tar: lzma: {e}")))?,
+            )),
             "zstd" => Box::new(
                 zstd::stream::read::Decoder::with_buffer(r).map_err(io_err(&shown, "tar: zstd"))?,
             ),
@@ -1597,5 +1626,21 @@ mod tests {
         assert_eq!(detect(&[0x28, 0xb5, 0x2f, 0xfd, 0]), "zstd");
         assert_eq!(detect(b"BZh9"), "bzip2");
         assert_eq!(detect(b"./file"), "none");
+        // xz --format=lzma -6: properties 0x5d, an 8 MiB dictionary, size unknown.
+        let mut h = vec![0x5d, 0, 0, 0x80, 0];
+        h.extend([0xff; 8]);
+        assert_eq!(detect(&h), "lzma");
+        h[1..5].copy_from_slice(&(3u32 << 20).to_le_bytes()); // 2^21 + 2^20
+        assert_eq!(detect(&h), "lzma");
+        h[1..5].copy_from_slice(&(5u32 << 20).to_le_bytes());
+        assert_eq!(detect(&h), "none");
+        h[1..5].copy_from_slice(&(1u32 << 20).to_le_bytes());
+        h[0] = 225;
+        assert_eq!(detect(&h), "none");
+        // A tar header whose first name starts with ']' (0x5d) is still a tar.
+        let mut t = b"]a".to_vec();
+        t.resize(512, 0);
+        assert_eq!(detect(&t), "none");
+        assert_eq!(detect(&h[..12]), "none");
     }
 }

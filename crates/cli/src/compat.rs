@@ -15,8 +15,9 @@ use std::ffi::OsString;
 const UNSUPPORTED_LONG: [&str; 3] = ["gzinfo", "random-pclusterblks", "random-algorithms"];
 
 /// Long options whose value may be the next argument.
-const LONG_WITH_VALUE: [&str; 24] = [
+const LONG_WITH_VALUE: [&str; 25] = [
     "root-xattr-isize",
+    "zfeature-bits",
     "max-extent-bytes",
     "file-contexts",
     "mount-point",
@@ -41,6 +42,51 @@ const LONG_WITH_VALUE: [&str; 24] = [
     "vmdk-desc",
     "s3",
 ];
+
+/// mkfs.erofs 1.9.3's compression features in the order of `--zfeature-bits`.
+const ZFEATURES: [&str; 8] = [
+    "legacy-compress",
+    "ztailpacking",
+    "fragments",
+    "all-fragments",
+    "dedupe",
+    "fragdedupe",
+    "48bit",
+    "dot-omitted",
+];
+
+/// `--zfeature-bits=N` as an `-E` list: every feature up to N's highest bit set, on
+/// where its bit is 1 and off (`^`) where it is 0, as mkfs.erofs applies them. N as
+/// C's `strtol` base 0 reads it (`0x` hexadecimal, a leading `0` octal).
+fn zfeature_bits(v: &str) -> Result<String> {
+    let t = v.trim();
+    let n = if let Some(h) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        u64::from_str_radix(h, 16)
+    } else if t.len() > 1 && t.starts_with('0') {
+        u64::from_str_radix(&t[1..], 8)
+    } else {
+        t.parse::<u64>()
+    };
+    let Ok(n) = n else {
+        bail!("mkfs.erofs: invalid zfeature bits {v}");
+    };
+    let used = 64 - n.leading_zeros() as usize;
+    if used > ZFEATURES.len() {
+        bail!("mkfs.erofs: unsupported zfeature bit {}", used - 1);
+    }
+    let list: Vec<String> = ZFEATURES[..used]
+        .iter()
+        .enumerate()
+        .map(|(k, f)| {
+            if n >> k & 1 == 1 {
+                (*f).to_string()
+            } else {
+                format!("^{f}")
+            }
+        })
+        .collect();
+    Ok(list.join(","))
+}
 
 /// The `ferofs build` arguments (after `build`) for mkfs.erofs's `args` (after the
 /// program name).
@@ -140,9 +186,10 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                 // of the two wins, as in mkfs.erofs.
                 "all-time" => mkfs_time = false,
                 "mkfs-time" => mkfs_time = true,
-                // Compressed tar streams are detected by their magic.
-                "ungzip" | "unxz" if inline.is_none() => {}
-                "ungzip" | "unxz" => {
+                // Compressed tar streams are detected by their magic (`--gzip` and
+                // `--unlzma` are mkfs.erofs's other names of the two).
+                "ungzip" | "unxz" | "gzip" | "unlzma" if inline.is_none() => {}
+                "ungzip" | "unxz" | "unlzma" => {
                     bail!("mkfs.erofs: --{name}=FILE (dumping the raw stream) is not implemented by ferofs")
                 }
                 "force-uid" | "force-gid" | "uid-offset" | "gid-offset" | "exclude-path"
@@ -199,6 +246,9 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                     let v = inline.clone().unwrap_or_else(|| "1".into());
                     out.push(format!("--ovlfs-strip={v}").into());
                 }
+                // Bit K of the number turns mkfs.erofs's K-th compression feature on
+                // or off, up to the highest bit set.
+                "zfeature-bits" => extended.push(zfeature_bits(&value()?)?),
                 "help" => {
                     out.push("--help".into());
                     return Ok(out);
@@ -986,6 +1036,59 @@ mod tests {
             );
         }
         assert!(t(&["--MZ=x", "o", "s"]).is_err());
+    }
+
+    #[test]
+    fn zfeature_bits_are_e_features() {
+        assert_eq!(
+            t(&["-zlz4hc", "--zfeature-bits=6", "o", "s"]).expect("translate"),
+            [
+                "-z",
+                "lz4hc",
+                "-E",
+                "^legacy-compress,ztailpacking,fragments",
+                "s",
+                "o"
+            ]
+        );
+        // fragdedupe is left to ferofs; octal and hexadecimal as strtol reads them;
+        // a later -E wins as in mkfs.erofs.
+        assert_eq!(
+            t(&["-zlz4", "--zfeature-bits", "0x30", "-E^dedupe", "o", "s"]).expect("translate"),
+            [
+                "-z",
+                "lz4",
+                "-E",
+                "^legacy-compress,^ztailpacking,^fragments,^all-fragments,dedupe",
+                "-E",
+                "^dedupe",
+                "s",
+                "o"
+            ]
+        );
+        assert_eq!(
+            t(&["-zlz4", "--zfeature-bits=0200", "o", "s"]).expect("translate")[3],
+            "^legacy-compress,^ztailpacking,^fragments,^all-fragments,^dedupe,^48bit,dot-omitted"
+        );
+        assert_eq!(
+            t(&["-zlz4", "--zfeature-bits=0", "o", "s"]).expect("translate"),
+            ["-z", "lz4", "s", "o"]
+        );
+        for bad in [
+            "--zfeature-bits=256",
+            "--zfeature-bits=x",
+            "--zfeature-bits=-1",
+        ] {
+            assert!(t(&["-zlz4", bad, "o", "s"]).is_err(), "{bad}");
+        }
+        // mkfs.erofs's other names of --ungzip and --unxz.
+        for o in ["--gzip", "--unlzma"] {
+            assert_eq!(
+                t(&[o, "--tar=f", "o", "s.tar"]).expect("translate"),
+                ["-z", "none", "--tar", "s.tar", "o"]
+            );
+        }
+        assert!(t(&["--unlzma=raw.tar", "o", "s"]).is_err());
     }
 
     #[test]

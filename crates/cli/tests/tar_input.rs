@@ -2,7 +2,7 @@
 //!
 //! - the shared `tree.tar.zst` (file and stdin) mounts as the make-tree tree;
 //! - GNU tar archives of that tree (gnu, oldgnu, posix with text ACLs; GNU and PAX
-//!   0.0/0.1/1.0 sparse; gzip/xz/zstd/bzip2; stdin) give the very bytes a directory
+//!   0.0/0.1/1.0 sparse; gzip/xz/zstd/bzip2/lzma; stdin) give the very bytes a directory
 //!   build gives, over a matrix of build options (every option works the same);
 //! - `--aufs` layers equal mkfs.erofs 1.9.3's on the same layers, and a flattened
 //!   stack equals the overlayfs mount of the layer images;
@@ -240,6 +240,7 @@ fn gnu_tar_formats_and_streams_give_the_directory_build_bytes() {
         (&["xz", "-0", "-T1"][..], "xz"),
         (&["zstd", "-1", "-q"][..], "zst"),
         (&["bzip2", "-1"][..], "bz2"),
+        (&["xz", "--format=lzma", "-0"][..], "lzma"),
     ] {
         let z = d.join(format!("posix.tar.{ext}"));
         let out = Command::new(tool[0])
@@ -752,7 +753,14 @@ fn hostile_tars_fail_naming_the_entry_and_leave_nothing() {
         "USTAR_FORMAT",
         "ti = tarfile.TarInfo('dev'); ti.type = tarfile.BLKTYPE; ti.devmajor = 4096; t.addfile(ti)",
     );
-    let cases: [(&Path, &[&str]); 9] = [
+    // An .lzma stream whose header asks for a 2 GiB dictionary: refused, not
+    // allocated.
+    let mut lz = vec![0x5d, 0, 0, 0, 0x80];
+    lz.extend([0xff; 8]);
+    lz.extend([0; 2000]);
+    let lzma = w("dict.tar.lzma", &lz);
+    let cases: [(&Path, &[&str]); 10] = [
+        (&lzma, &["lzma stream", "memory limit"]),
         (&badsum, &["bad header checksum", "tar byte 5632", "\"f1\""]),
         (&odd, &["\"longlink\"", "symlink target of 5000 bytes"]),
         (&dev, &["\"dev\"", "device number 4096:0"]),
@@ -790,7 +798,7 @@ fn hostile_tars_fail_naming_the_entry_and_leave_nothing() {
                 .expect("ls")
                 .filter_map(|e| e.ok())
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| !n.ends_with(".tar"))
+                .filter(|n| !n.ends_with(".tar") && !n.ends_with(".lzma"))
                 .collect();
             assert!(names.is_empty(), "left behind: {names:?} ({err})");
         }

@@ -228,7 +228,7 @@ fn lzma_alone(head: &[u8]) -> bool {
     };
     let dict = u32::from_le_bytes([h[1], h[2], h[3], h[4]]);
     let size = u64::from_le_bytes([h[5], h[6], h[7], h[8], h[9], h[10], h[11], h[12]]);
-    let pow = |d: u32| d.is_power_of_two() || (d % 3 == 0 && (d / 3).is_power_of_two());
+    let pow = |d: u32| d.is_power_of_two() || (d.is_multiple_of(3) && (d / 3).is_power_of_two());
     h[0] < 225
         && (dict == u32::MAX || dict >= 4096 && pow(dict))
         && (size == u64::MAX || size < 1 << 48)

@@ -81,10 +81,100 @@ fn by_path_or_nid(img: &Image, path: Option<&str>, nid: Option<u64>) -> Result<(
     }
 }
 
-pub fn ls(image: &Path, path: &str, nid: Option<u64>, json_out: bool, all: bool) -> Result<()> {
+/// One `ls -l` line: mode, links, owner, size (or device numbers), mtime, the name
+/// shown and a symlink's target.
+fn ls_line(img: &Image, name: &[u8], i: &Inode) -> Result<String> {
+    let size = if i.is_device() {
+        let (ma, mi) = i.rdev_major_minor();
+        format!("{ma}, {mi}")
+    } else {
+        i.size.to_string()
+    };
+    let mut line = format!(
+        "{} {:>3} {:>5} {:>5} {:>10} {} {}",
+        mode_string(i.mode),
+        i.nlink,
+        i.uid,
+        i.gid,
+        size,
+        time_string(i.mtime, i.mtime_nsec),
+        bytes_display(name)
+    );
+    if i.is_symlink() {
+        line.push_str(" -> ");
+        line.push_str(&bytes_display(&img.read_link(i)?));
+    }
+    Ok(line)
+}
+
+/// `ls -R`: every entry at and below `top`, one line (or one JSON object with its
+/// `path`) each, written as the walk goes (nothing held per entry).
+fn ls_recursive(img: &Image, top: &Inode, shown: &str, json_out: bool) -> Result<()> {
+    let base = shown.trim_end_matches('/');
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    if json_out {
+        writeln!(out, "[")?;
+    }
+    let mut first = true;
+    let mut failed: Option<anyhow::Error> = None;
+    let mut one = |rel: &[u8], ino: &Inode| -> Result<()> {
+        let mut full = base.as_bytes().to_vec();
+        if rel != b"/" {
+            full.extend_from_slice(rel);
+        }
+        if full.is_empty() {
+            full.push(b'/');
+        }
+        if json_out {
+            let mut v = entry_json(img, &full, ino)?;
+            if let Some(o) = v.as_object_mut() {
+                if let Some(n) = o.remove("name") {
+                    o.insert("path".into(), n);
+                }
+            }
+            let sep = if first { "" } else { ",\n" };
+            write!(out, "{sep}{}", serde_json::to_string(&v)?)?;
+        } else {
+            writeln!(out, "{}", ls_line(img, &full, ino)?)?;
+        }
+        first = false;
+        Ok(())
+    };
+    let walked = img.walk_from(top, |rel, ino| {
+        one(rel, ino).map_err(|e| {
+            failed = Some(e);
+            ferofs_reader::Error::Io {
+                offset: 0,
+                error: std::io::Error::other("listing stopped"),
+            }
+        })
+    });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    walked?;
+    if json_out {
+        writeln!(out, "\n]")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+pub fn ls(
+    image: &Path,
+    path: &str,
+    nid: Option<u64>,
+    json_out: bool,
+    all: bool,
+    recursive: bool,
+) -> Result<()> {
     let img = open(image)?;
     let (ino, path) = by_path_or_nid(&img, Some(path), nid)?;
     let path = path.as_str();
+    if recursive {
+        let shown = if nid.is_some() { "" } else { path };
+        return ls_recursive(&img, &ino, shown, json_out);
+    }
     let entries: Vec<(Vec<u8>, Inode)> = if ino.is_dir() {
         let mut v = Vec::new();
         // A DOT_OMITTED directory stores no "."; show it as the kernel does.
@@ -114,27 +204,7 @@ pub fn ls(image: &Path, path: &str, nid: Option<u64>, json_out: bool, all: bool)
         return Ok(());
     }
     for (name, i) in &entries {
-        let size = if i.is_device() {
-            let (ma, mi) = i.rdev_major_minor();
-            format!("{ma}, {mi}")
-        } else {
-            i.size.to_string()
-        };
-        let mut line = format!(
-            "{} {:>3} {:>5} {:>5} {:>10} {} {}",
-            mode_string(i.mode),
-            i.nlink,
-            i.uid,
-            i.gid,
-            size,
-            time_string(i.mtime, i.mtime_nsec),
-            bytes_display(name)
-        );
-        if i.is_symlink() {
-            line.push_str(" -> ");
-            line.push_str(&bytes_display(&img.read_link(i)?));
-        }
-        writeln!(out, "{line}")?;
+        writeln!(out, "{}", ls_line(&img, name, i)?)?;
     }
     Ok(())
 }

@@ -61,6 +61,10 @@ enum Cmd {
         /// Include "." and "..".
         #[arg(short = 'a', long)]
         all: bool,
+        /// Every entry at and below PATH, by its full path (like `unsquashfs -lls` or
+        /// `tar tv`); with `--json` one object per entry with its `path`.
+        #[arg(short = 'R', long, conflicts_with = "all")]
+        recursive: bool,
     },
     /// Print one file of an image to standard output.
     Cat {
@@ -124,7 +128,8 @@ fn run(cmd: Cmd) -> Result<()> {
             nid,
             json,
             all,
-        } => list::ls(&image, &path, nid, json, all),
+            recursive,
+        } => list::ls(&image, &path, nid, json, all, recursive),
         Cmd::Cat { image, path, nid } => list::cat(&image, path.as_deref(), nid),
         Cmd::Stat {
             image,

@@ -376,3 +376,108 @@ fn diff_finds_each_single_change() {
     let (code, _) = diff(&a, &fs.path().join("missing"), &[]);
     assert_eq!(code, 2);
 }
+
+/// A path relative to `root` as ferofs shows names: control characters and bytes
+/// that are not UTF-8 as `\xNN`.
+fn shown(root: &Path, p: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let rel = p.strip_prefix(root).expect("under root");
+    let mut out = String::from("/");
+    for chunk in rel.as_os_str().as_bytes().utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if c.is_control() {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            } else {
+                out.push(c);
+            }
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+/// Every entry below `dir` (itself included) by its path relative to `root`.
+fn tree_entries(root: &Path, dir: &Path, out: &mut Vec<(String, std::fs::Metadata)>) {
+    out.push((
+        shown(root, dir),
+        std::fs::symlink_metadata(dir).expect("lstat"),
+    ));
+    for e in std::fs::read_dir(dir).expect("read_dir") {
+        let p = e.expect("entry").path();
+        let md = std::fs::symlink_metadata(&p).expect("lstat");
+        if md.is_dir() {
+            tree_entries(root, &p, out);
+        } else {
+            out.push((shown(root, &p), md));
+        }
+    }
+}
+
+#[test]
+fn ls_recursive_lists_every_entry_with_its_metadata() {
+    // A golden mkfs.erofs image against the tree it was made from.
+    let img = golden("erofs-utils-1.9.3/lz4hc.erofs.zst");
+    let (_fs, tree) = make_tree();
+    let v = json(&ok(&[&"ls", &"-R", &"--json", &img]));
+    let got = v.as_array().expect("array");
+    let mut want = Vec::new();
+    tree_entries(&tree, &tree, &mut want);
+    assert_eq!(got.len(), want.len());
+    let by_path: std::collections::HashMap<&str, &serde_json::Value> = got
+        .iter()
+        .map(|e| (e["path"].as_str().expect("path"), e))
+        .collect();
+    assert_eq!(by_path.len(), got.len(), "paths listed twice");
+    for (path, md) in &want {
+        let path = if path == "/" {
+            "/"
+        } else {
+            path.trim_end_matches('/')
+        };
+        let e = by_path
+            .get(path)
+            .unwrap_or_else(|| panic!("{path} not listed"));
+        assert_eq!(e["mode"], format!("{:04o}", md.mode() & 0o7777), "{path}");
+        assert_eq!(e["uid"].as_u64(), Some(u64::from(md.uid())), "{path}");
+        assert_eq!(e["gid"].as_u64(), Some(u64::from(md.gid())), "{path}");
+        assert_eq!(e["mtime"].as_i64(), Some(md.mtime()), "{path}");
+        if !md.is_dir() {
+            assert_eq!(e["nlink"].as_u64(), Some(md.nlink()), "{path}");
+        }
+        if md.is_file() || md.file_type().is_symlink() {
+            assert_eq!(e["size"].as_u64(), Some(md.size()), "{path}");
+        }
+    }
+    // The text form: one line per entry, full paths, a symlink's target; a subtree
+    // starts at its own path; by nid, paths are below the inode.
+    let text = ok(&[&"ls", &"-R", &img, &"/hardlinks/"]);
+    let names: Vec<&str> = text
+        .lines()
+        .map(|l| l.rsplit(' ').next().expect("name"))
+        .collect();
+    assert_eq!(names.first(), Some(&"/hardlinks"));
+    assert!(names.iter().all(|n| n.starts_with("/hardlinks")), "{text}");
+    assert_eq!(
+        names.len(),
+        want.iter()
+            .filter(|(p, _)| p.starts_with("/hardlinks"))
+            .count()
+    );
+    let links = ok(&[&"ls", &"-R", &img, &"/links"]);
+    assert!(
+        links.contains("/links/absolute -> /usr/share/zoneinfo/UTC"),
+        "{links}"
+    );
+    let nid = json(&ok(&[&"stat", &"--json", &img, &"/hardlinks"]))["nid"]
+        .as_u64()
+        .expect("nid")
+        .to_string();
+    let by_nid = ok(&[&"ls", &"-R", &img, &"--nid", &nid]);
+    assert_eq!(by_nid.lines().count(), names.len());
+    assert!(
+        by_nid.lines().nth(1).is_some_and(|l| l.contains(" /")),
+        "{by_nid}"
+    );
+}

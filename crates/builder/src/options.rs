@@ -106,6 +106,10 @@ pub struct BuildOptions {
     /// Tar input, index mode (`--tar-index`, mkfs.erofs's `--tar=i`): no file data in
     /// the image, regular files point into the tar, the image's extra device.
     pub tar_index: bool,
+    /// Tar input without file data (`--tar-headerball`, mkfs.erofs's
+    /// `--tar=headerball`): each regular file's header is followed by the next header,
+    /// and the file is its size of zeros, stored as a hole.
+    pub tar_headerball: bool,
     /// `--verity`: a dm-verity hash tree appended behind the image (see `verity`).
     pub verity: Option<VerityOptions>,
     /// `--fsverity-digests`: each regular file's fs-verity digest in a
@@ -236,6 +240,7 @@ impl Default for BuildOptions {
             aufs: false,
             ovlfs_strip: false,
             tar_index: false,
+            tar_headerball: false,
             verity: None,
             fsverity_digests: false,
             inode_version: InodeVersion::Auto,

@@ -113,6 +113,8 @@ struct Arena {
     flatten: bool,
     /// `--ovlfs-strip`: no `trusted.overlay.origin` for whiteouts' parents.
     strip: bool,
+    /// `--tar-headerball`: regular files' data is not in the stream.
+    headerball: bool,
 }
 
 fn invalid(path: impl Into<PathBuf>, what: impl Into<String>) -> BuildError {
@@ -143,6 +145,7 @@ pub fn scan_tars(inputs: &[TarInput], spool_dir: &Path, opts: &BuildOptions) -> 
         aufs: opts.aufs,
         flatten: inputs.len() > 1,
         strip: opts.ovlfs_strip,
+        headerball: opts.tar_headerball,
     };
     if opts.tar_index {
         if inputs.len() != 1 {
@@ -926,7 +929,23 @@ fn parse(a: &mut Arena, r: &mut TarStream, sink: &mut Sink, layer: usize) -> Res
                         "a sparse file cannot be pointed at in tar index mode (its data is not laid out as the file)".into(),
                     ));
                 }
-                if typ == b'S' || pax_sparse {
+                if (typ == b'S' || pax_sparse) && a.headerball {
+                    return Err(ebad(
+                        "a sparse file in a headerball (its map is data the headerball leaves out)"
+                            .into(),
+                    ));
+                }
+                if a.headerball {
+                    // No data follows the header: the file is its size of zeros, a
+                    // hole (mkfs.erofs's --tar=headerball).
+                    TKind::File {
+                        src: Source::Sparse {
+                            file: sink_path(sink),
+                            segs: Vec::new().into(),
+                        },
+                        size,
+                    }
+                } else if typ == b'S' || pax_sparse {
                     let (segs, real) =
                         read_sparse_map(r, &hdr, typ == b'S', &ext, size, &data_what, &ebad)?;
                     // GNU `S` extension blocks come before the data and are not in its
@@ -977,7 +996,9 @@ fn parse(a: &mut Arena, r: &mut TarStream, sink: &mut Sink, layer: usize) -> Res
                 }
             }
             b'1' => {
-                r.skip(pad512(size), &data_what)?;
+                if !a.headerball {
+                    r.skip(pad512(size), &data_what)?;
+                }
                 let comps = components(&name).map_err(ebad)?;
                 let target =
                     components(&link).map_err(|e| ebad(format!("hardlink target: {e}")))?;

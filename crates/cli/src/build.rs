@@ -129,6 +129,13 @@ pub struct BuildArgs {
     /// the tar on loop device N (`losetup -r`). 512-byte blocks.
     #[arg(long, requires = "tar")]
     tar_index: bool,
+    /// The tar holds headers only (mkfs.erofs's `--tar=headerball`): no data follows a
+    /// regular file's header, and each file is its size of zeros, stored as a hole.
+    /// For metadata-only images whose file data lives elsewhere, e.g. an overlayfs
+    /// data-only lower layer the files' `trusted.overlay.redirect` and
+    /// `trusted.overlay.metacopy` xattrs (PAX `SCHILY.xattr.*`) point at (composefs).
+    #[arg(long, requires = "tar", conflicts_with = "tar_index")]
+    tar_headerball: bool,
     /// Make every file owned by root (uid 0, gid 0).
     #[arg(long)]
     all_root: bool,
@@ -474,6 +481,7 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
     }
     o.block_size = block_size;
     o.tar_index = a.tar_index;
+    o.tar_headerball = a.tar_headerball;
     o.aufs = a.aufs;
     o.ovlfs_strip = match a.ovlfs_strip {
         None | Some(0) => false,

@@ -224,8 +224,9 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                     tar = Some(match v.as_str() {
                         "f" => 'f',
                         "i" => 'i',
+                        "headerball" => 'h',
                         _ => bail!(
-                            "mkfs.erofs: --tar={v} is not implemented by ferofs (f and i are)"
+                            "mkfs.erofs: --tar={v} is not implemented by ferofs (f, i and headerball are)"
                         ),
                     });
                 }
@@ -460,6 +461,9 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
         Some(mode) => {
             if mode == 'i' {
                 out.push("--tar-index".into());
+            }
+            if mode == 'h' {
+                out.push("--tar-headerball".into());
             }
             if sources.len() > 1 {
                 bail!("mkfs.erofs: one tar SOURCE at most (stdin without one)");
@@ -1244,13 +1248,17 @@ mod tests {
     fn unimplemented_options_are_named() {
         for (args, what) in [
             (&["--gzinfo", "o", "s"][..], "--gzinfo"),
-            (&["--tar=headerball", "o"][..], "--tar=headerball"),
+            (&["--tar=x", "o"][..], "--tar=x"),
             (&["--bogus", "o", "s"][..], "--bogus"),
             (&["-Q", "o", "s"][..], "-Q"),
         ] {
             let e = t(args).expect_err("must fail").to_string();
             assert!(e.contains(what), "{args:?}: {e}");
         }
+        assert_eq!(
+            t(&["--tar=headerball", "-zlz4", "o"]).expect("translate"),
+            ["-z", "lz4", "--tar-headerball", "--tar", "-", "o"]
+        );
         assert!(t(&["o"]).is_err());
         // Several sources are image sources (merged): `ferofs build` checks them.
         assert!(t(&["--tar=f", "o", "a", "b"]).is_err());

@@ -930,3 +930,159 @@ fn a_streamed_archive_is_spooled_not_held() {
         std::fs::remove_file(&img).expect("rm");
     }
 }
+
+/// A headerball (mkfs.erofs's `--tar=headerball`): headers only, no file data. The
+/// image holds every entry with its metadata and xattrs, each regular file its size of
+/// zeros as a hole; it equals mkfs.erofs 1.9.3's (but for the tar-implied root's mode,
+/// which mkfs.erofs makes 0777), mounts, and reads as zeros.
+#[test]
+fn a_headerball_gives_files_their_size_and_no_data() {
+    let d = scratch("tar-headerball");
+    let dir = d.path();
+    let hb = dir.join("hb.tar");
+    run_cmd(
+        Command::new("python3")
+            .arg("-c")
+            .arg(
+                "import tarfile, sys\n\
+         t = tarfile.open(sys.argv[1], 'w', format=tarfile.PAX_FORMAT)\n\
+         def e(name, typ=tarfile.REGTYPE, size=0, **kw):\n\
+         \x20   ti = tarfile.TarInfo(name); ti.type = typ; ti.size = size; ti.mtime = 1700000000\n\
+         \x20   for k, v in kw.items(): setattr(ti, k, v)\n\
+         \x20   t.addfile(ti)  # the header only, whatever its size says\n\
+         e('usr', tarfile.DIRTYPE, mode=0o755)\n\
+         e('usr/bin', tarfile.DIRTYPE, mode=0o755)\n\
+         e('usr/bin/tool', size=1234567, mode=0o755, uid=7, gid=8, pax_headers={\n\
+         \x20   'SCHILY.xattr.trusted.overlay.redirect': '/ab/cdef0123',\n\
+         \x20   'SCHILY.xattr.trusted.overlay.metacopy': ''})\n\
+         e('usr/bin/empty', mode=0o644)\n\
+         e('usr/bin/small', size=10, mode=0o600)\n\
+         e('usr/bin/tool2', tarfile.LNKTYPE, linkname='usr/bin/tool')\n\
+         e('usr/bin/sh', tarfile.SYMTYPE, linkname='tool', mode=0o777)\n\
+         e('null', tarfile.CHRTYPE, devmajor=1, devminor=3, mode=0o666)\n\
+         e('big', size=5 << 30, mode=0o644)\n\
+         t.close()\n",
+            )
+            .arg(&hb),
+    );
+    assert_eq!(std::fs::metadata(&hb).expect("stat").len(), 10240);
+    let img = dir.join("hb.erofs");
+    ok(&[&"build", &"-q", &"--tar-headerball", &"--tar", &hb, &img]);
+    let listing = ok(&[&"ls", &"-R", &img]);
+    let lines: Vec<&str> = listing.lines().collect();
+    let want = [
+        ("-rw-r--r--   1     0     0 5368709120", "/big"),
+        ("crw-rw-rw-   1     0     0       1, 3", "/null"),
+        ("-rw-r--r--   1     0     0          0", "/usr/bin/empty"),
+        (
+            "lrwxrwxrwx   1     0     0          4",
+            "/usr/bin/sh -> tool",
+        ),
+        ("-rw-------   1     0     0         10", "/usr/bin/small"),
+        ("-rwxr-xr-x   2     7     8    1234567", "/usr/bin/tool"),
+        ("-rwxr-xr-x   2     7     8    1234567", "/usr/bin/tool2"),
+    ];
+    for (meta, path) in want {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with(meta) && l.ends_with(&format!(" {path}"))),
+            "{meta} {path} not in:\n{listing}"
+        );
+    }
+    assert_eq!(lines.len(), 10, "{listing}");
+    let st = json(&ok(&[&"stat", &"--json", &img, &"/usr/bin/tool"]));
+    assert_eq!(st["layout"], "chunk-based");
+    let names: Vec<&str> = st["xattrs"]
+        .as_array()
+        .expect("xattrs")
+        .iter()
+        .map(|x| x["name"].as_str().expect("name"))
+        .collect();
+    assert_eq!(
+        names,
+        ["trusted.overlay.metacopy", "trusted.overlay.redirect"],
+        "{st}"
+    );
+    assert_eq!(
+        ferofs()
+            .args(["cat"])
+            .arg(&img)
+            .arg("/usr/bin/small")
+            .output()
+            .expect("cat")
+            .stdout,
+        [0u8; 10]
+    );
+    // Every block of it is metadata: no data blocks for 5 GiB of zeros.
+    assert!(std::fs::metadata(&img).expect("stat").len() <= 2 * 4096);
+    ok(&[&"check", &img]);
+    // From stdin, the same bytes.
+    let img2 = dir.join("hb-stdin.erofs");
+    build_tar(&[&"--tar-headerball", &"--tar", &"-"], &img2, Some(&hb));
+    same_bytes(&img, &img2, "headerball on stdin");
+    // Without the flag the headers after a file are taken for its data: refused.
+    let out = ferofs()
+        .args(["build", "-q", "--tar"])
+        .arg(&hb)
+        .arg(dir.join("no.erofs"))
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    // The drop-in, and mkfs.erofs 1.9.3 where it is built: the same tree.
+    let img3 = dir.join("hb-dropin.erofs");
+    ok(&[&"mkfs", &"--tar=headerball", &"--quiet", &img3, &hb]);
+    assert_eq!(
+        ok(&[&"ls", &"-R", &img3]),
+        listing,
+        "the drop-in's headerball"
+    );
+    if let Some(m) = mkfs_erofs_193() {
+        let theirs = dir.join("hb-mkfs.erofs");
+        run_cmd(
+            Command::new(m)
+                .arg("--tar=headerball")
+                .arg("--quiet")
+                .arg(&theirs)
+                .arg(&hb),
+        );
+        let their = ok(&[&"ls", &"-R", &theirs]);
+        assert_eq!(
+            their.lines().skip(1).collect::<Vec<_>>(),
+            lines[1..],
+            "mkfs.erofs 1.9.3's headerball"
+        );
+    }
+    if kernel_available("a_headerball_gives_files_their_size_and_no_data") {
+        let m = Mount::erofs(&img);
+        let md = std::fs::metadata(m.path().join("usr/bin/tool")).expect("stat");
+        assert_eq!(md.len(), 1_234_567);
+        let data = std::fs::read(m.path().join("usr/bin/tool")).expect("read");
+        assert!(data.iter().all(|&b| b == 0));
+        assert_eq!(
+            xattr::get(m.path().join("usr/bin/tool"), "trusted.overlay.redirect")
+                .expect("getxattr"),
+            Some(b"/ab/cdef0123".to_vec())
+        );
+    }
+    // A sparse entry's map is data: a headerball cannot hold one.
+    let sp = dir.join("sparse.tar");
+    py_tar(&sp, "GNU_FORMAT", "f('a', b'x')");
+    let mut b = std::fs::read(&sp).expect("read");
+    b[156] = b'S';
+    b[148..156].fill(b' ');
+    let sum: u32 = b[..512].iter().map(|&x| u32::from(x)).sum();
+    b[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    std::fs::write(&sp, &b).expect("write");
+    let out = ferofs()
+        .args(["build", "-q", "--tar-headerball", "--tar"])
+        .arg(&sp)
+        .arg(dir.join("sp.erofs"))
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("sparse file in a headerball"),
+        "{out:?}"
+    );
+}

@@ -5,7 +5,8 @@
 //! allocate without bound; a build that succeeds must give an image the reader opens
 //! and walks; an EROFS image is also merged with itself by reference, and takes a small
 //! layer in place (an image the reader walks, or the file as it was). A tar is built twice: read in place, and gzipped (read as a stream, its
-//! file contents spooled); both must fail, or give the same image.
+//! file contents spooled); both must fail, or give the same image; and as a headerball
+//! (headers only: an error, or an image the reader walks).
 
 use ferofs_builder::{BuildOptions, TarInput};
 
@@ -46,6 +47,22 @@ pub fn run(kind: Kind, data: &[u8]) {
                 r.as_ref().err(),
                 r2.as_ref().err()
             );
+            // The same bytes as a headerball (no data behind file headers): an error
+            // and no output, or an image the reader walks.
+            let hb = dir.path().join("headerball.erofs");
+            let o3 = BuildOptions {
+                tar_headerball: true,
+                ..opts.clone()
+            };
+            match ferofs_builder::build_from_tars(&[TarInput::File(input.clone())], &hb, &o3) {
+                Ok(_) => {
+                    let b = std::fs::read(&hb).expect("read headerball image");
+                    let len = b.len() as u64;
+                    let img = ferofs_reader::Image::new(b).expect("the reader opens it");
+                    crate::walk_all(&img, len);
+                }
+                Err(_) => assert!(!hb.exists(), "a failed build left its output behind"),
+            }
             r2.is_ok()
                 .then(|| std::fs::read(&out2).expect("read streamed image"))
         }

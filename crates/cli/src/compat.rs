@@ -1555,6 +1555,7 @@ pub fn dump_to_ferofs(args: &[OsString]) -> Result<Vec<Vec<OsString>>> {
     let mut path = None::<String>;
     let mut nid = None::<String>;
     let mut offset = None::<String>;
+    let mut devices: Vec<String> = Vec::new();
     let mut udev = false;
     for a in split_args(args, &[]) {
         match a {
@@ -1570,6 +1571,7 @@ pub fn dump_to_ferofs(args: &[OsString]) -> Result<Vec<Vec<OsString>>> {
                 ("path", Some(p)) => path = Some(p),
                 ("nid", Some(n)) => nid = Some(n),
                 ("offset", Some(o)) => offset = Some(o),
+                ("device", Some(d)) => devices.push(d),
                 ("blkid-udev", None) => udev = true,
                 ("version", None) => return Ok(vec![vec!["--version".into()]]),
                 ("help", None) => return Ok(vec![vec!["inspect".into(), "--help".into()]]),
@@ -1590,37 +1592,27 @@ pub fn dump_to_ferofs(args: &[OsString]) -> Result<Vec<Vec<OsString>>> {
     if sb || (path.is_none() && nid.is_none()) {
         cmds.push(vec!["inspect".into(), image.clone()]);
     }
-    if let (None, Some(n)) = (&path, nid) {
-        let verb = if ls {
-            "ls"
-        } else if cat {
-            "cat"
-        } else {
-            "stat"
-        };
-        cmds.push(vec![verb.into(), image, "--nid".into(), n.into()]);
-        if let Some(o) = offset {
-            for c in &mut cmds {
-                c.extend(["--offset".into(), o.clone().into()]);
-            }
+    let verb = if ls {
+        "ls"
+    } else if cat {
+        "cat"
+    } else {
+        "stat" // which always shows the extents (-e)
+    };
+    match (path, nid) {
+        (Some(p), _) => cmds.push(vec![verb.into(), image, p.into()]),
+        (None, Some(n)) => cmds.push(vec![verb.into(), image, "--nid".into(), n.into()]),
+        (None, None) if ls || cat || ext => {
+            bail!("dump.erofs: --ls, --cat and -e need --path=X or --nid=N")
         }
-        return Ok(cmds);
+        (None, None) => {}
     }
-    if let Some(p) = path {
-        if ls {
-            cmds.push(vec!["ls".into(), image.clone(), p.clone().into()]);
-        } else if cat {
-            cmds.push(vec!["cat".into(), image.clone(), p.clone().into()]);
-        } else {
-            let _ = ext; // stat always shows the extents
-            cmds.push(vec!["stat".into(), image, p.into()]);
-        }
-    } else if ls || cat || ext {
-        bail!("dump.erofs: --ls, --cat and -e need --path=X (or, for -e, --nid=N)");
-    }
-    if let Some(o) = offset {
-        for c in &mut cmds {
+    for c in &mut cmds {
+        if let Some(o) = &offset {
             c.extend(["--offset".into(), o.clone().into()]);
+        }
+        for d in &devices {
+            c.extend(["--device".into(), d.clone().into()]);
         }
     }
     Ok(cmds)
@@ -1713,6 +1705,11 @@ mod fsck_dump_tests {
             dump_to_ferofs(&os(&["--nid=36", "-e", "img"])).expect("d"),
             [os(&["stat", "img", "--nid", "36"])]
         );
+        assert_eq!(
+            dump_to_ferofs(&os(&["--device=blob", "--path=/a", "--cat", "img"])).expect("d"),
+            [os(&["cat", "img", "/a", "--device", "blob"])]
+        );
+        assert!(dump_to_ferofs(&os(&["--ls", "img"])).is_err());
         assert_eq!(
             dump_to_ferofs(&os(&["--nid=36", "--ls", "img"])).expect("d"),
             [os(&["ls", "img", "--nid", "36"])]

@@ -40,13 +40,18 @@ pub fn run(kind: Kind, data: &[u8]) {
             std::fs::write(&gz, e.finish().expect("gzip")).expect("write input.gz");
             let out2 = dir.path().join("streamed.erofs");
             let r2 = ferofs_builder::build_from_tars(&[TarInput::File(gz)], &out2, &opts);
-            assert_eq!(
-                r.is_ok(),
-                r2.is_ok(),
-                "in place: {:?}; streamed: {:?}",
-                r.as_ref().err(),
-                r2.as_ref().err()
-            );
+            // Bytes that are a compressed stream themselves are decompressed in place,
+            // and only gunzipped once streamed: then the two differ by design.
+            let plain = ferofs_builder::tarball::stream_compression(data) == "none";
+            if plain {
+                assert_eq!(
+                    r.is_ok(),
+                    r2.is_ok(),
+                    "in place: {:?}; streamed: {:?}",
+                    r.as_ref().err(),
+                    r2.as_ref().err()
+                );
+            }
             // The same bytes as a headerball (no data behind file headers): an error
             // and no output, or an image the reader walks.
             let hb = dir.path().join("headerball.erofs");
@@ -63,7 +68,7 @@ pub fn run(kind: Kind, data: &[u8]) {
                 }
                 Err(_) => assert!(!hb.exists(), "a failed build left its output behind"),
             }
-            r2.is_ok()
+            (plain && r2.is_ok())
                 .then(|| std::fs::read(&out2).expect("read streamed image"))
         }
         Kind::Erofs => {

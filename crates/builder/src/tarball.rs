@@ -203,6 +203,12 @@ enum Sink {
 /// preset 64 MiB).
 const LZMA_MEMLIMIT: u64 = 1 << 30;
 
+/// The compression of a tar stream that starts with `head` (its first bytes, 13 or
+/// more): `gzip`, `xz`, `zstd`, `bzip2` or `lzma` by magic or header, else `none`.
+pub fn stream_compression(head: &[u8]) -> &'static str {
+    detect(head)
+}
+
 /// Compression by magic.
 fn detect(head: &[u8]) -> &'static str {
     if head.starts_with(&[0x1f, 0x8b]) {
@@ -222,9 +228,10 @@ fn detect(head: &[u8]) -> &'static str {
 
 /// A `.lzma` (LZMA-alone) header: it has no magic, so its fields must hold what
 /// encoders write: properties below 225, a dictionary of 2^n or 2^n + 2^(n-1) bytes
-/// (4 KiB up; or all ones) and an uncompressed size (or all ones: unknown). A tar
-/// cannot start so: the dictionary needs a zero byte before a non-zero one inside
-/// the first name, which tar pads with zeros after its end only.
+/// (4 KiB up; or all ones) and an uncompressed size that a tar can have (all ones:
+/// unknown, as xz writes it; or a multiple of 512 bytes). A tar does not start so:
+/// the dictionary needs a zero byte before a non-zero one inside the first name,
+/// which tar writers pad with zeros after its end only.
 fn lzma_alone(head: &[u8]) -> bool {
     let Some(h) = head.get(..13) else {
         return false;
@@ -234,7 +241,7 @@ fn lzma_alone(head: &[u8]) -> bool {
     let pow = |d: u32| d.is_power_of_two() || (d.is_multiple_of(3) && (d / 3).is_power_of_two());
     h[0] < 225
         && (dict == u32::MAX || dict >= 4096 && pow(dict))
-        && (size == u64::MAX || size < 1 << 48)
+        && (size == u64::MAX || (size >= 512 && size < 1 << 48 && size.is_multiple_of(512)))
 }
 
 fn read_layer(
@@ -1663,5 +1670,13 @@ mod tests {
         t.resize(512, 0);
         assert_eq!(detect(&t), "none");
         assert_eq!(detect(&h[..12]), "none");
+        // A known size must be one a tar can have (found by fuzzing: a 0-byte "tar").
+        h[0] = 0x5d;
+        h[5..13].copy_from_slice(&0u64.to_le_bytes());
+        assert_eq!(detect(&h), "none");
+        h[5..13].copy_from_slice(&10240u64.to_le_bytes());
+        assert_eq!(detect(&h), "lzma");
+        h[5..13].copy_from_slice(&10241u64.to_le_bytes());
+        assert_eq!(detect(&h), "none");
     }
 }

@@ -241,7 +241,7 @@ fn lzma_alone(head: &[u8]) -> bool {
     let pow = |d: u32| d.is_power_of_two() || (d.is_multiple_of(3) && (d / 3).is_power_of_two());
     h[0] < 225
         && (dict == u32::MAX || dict >= 4096 && pow(dict))
-        && (size == u64::MAX || (size >= 512 && size < 1 << 48 && size.is_multiple_of(512)))
+        && (size == u64::MAX || ((512..1 << 48).contains(&size) && size.is_multiple_of(512)))
 }
 
 fn read_layer(

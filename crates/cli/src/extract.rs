@@ -31,11 +31,14 @@ pub struct ExtractArgs {
     /// Output directory (created if missing; must be empty if it exists).
     out: PathBuf,
     /// Extract only this path of the image: a directory's contents go into the output
-    /// directory, any other file into it under its name.
+    /// directory; any other file becomes OUT when OUT is not a directory (as `cp`
+    /// does, and fsck.erofs's `--extract=OUT --path=FILE`), else goes into it under
+    /// its name.
     #[arg(long, default_value = "/")]
     path: String,
     /// Extract only the inode of this number (fsck.erofs's `--nid`): as `--path`;
-    /// a file that is not a directory is named by its nid in the output directory.
+    /// a file that is not a directory, put into an existing directory, is named by
+    /// its nid there.
     #[arg(long, conflicts_with = "path")]
     nid: Option<u64>,
     /// Worker threads (0 = all cores).
@@ -93,7 +96,20 @@ pub fn run(a: ExtractArgs) -> Result<()> {
             .lookup(a.path.as_bytes())
             .with_context(|| format!("{}: lookup failed", a.path))?,
     };
-    if a.out.exists() {
+    // One file that is not a directory, to a path that is not a directory: the
+    // file is written there (as cp does, and as fsck.erofs --extract=X --path=FILE).
+    let as_file = !top.is_dir() && !a.out.is_dir();
+    if as_file {
+        if fs::symlink_metadata(&a.out).is_ok() {
+            if !a.force {
+                bail!("{} exists (use --force)", a.out.display());
+            }
+            fs::remove_file(&a.out).with_context(|| format!("remove {}", a.out.display()))?;
+        }
+        if let Some(parent) = a.out.parent().filter(|p| !p.as_os_str().is_empty()) {
+            fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
+        }
+    } else if a.out.exists() {
         if !a.force && fs::read_dir(&a.out)?.next().is_some() {
             bail!("{} is not empty (use --force)", a.out.display());
         }
@@ -125,6 +141,13 @@ pub fn run(a: ExtractArgs) -> Result<()> {
             });
             Ok(())
         })?;
+    } else if as_file {
+        entries.push(Entry {
+            rel: Vec::new(),
+            ino: top,
+            link_to: None,
+            depth: 1,
+        });
     } else {
         let name = match a.nid {
             Some(n) => n.to_string().into_bytes(),
@@ -243,7 +266,17 @@ struct Ownership {
 
 impl Ownership {
     fn probe(a: &ExtractArgs) -> Result<Self> {
-        let m = fs::metadata(&a.out).with_context(|| format!("stat {}", a.out.display()))?;
+        // The directory new files go into: OUT, or the one holding OUT when OUT is
+        // the file itself.
+        let dir = if a.out.is_dir() {
+            a.out.as_path()
+        } else {
+            a.out
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."))
+        };
+        let m = fs::metadata(dir).with_context(|| format!("stat {}", dir.display()))?;
         Ok(Ownership {
             uid: rustix::process::geteuid().as_raw(),
             gid: rustix::process::getegid().as_raw(),

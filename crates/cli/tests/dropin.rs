@@ -515,6 +515,27 @@ fn fsck_and_dump_command_lines() {
         std::fs::read(xn.join("hostname")).expect("extracted"),
         std::fs::read(src.join("etc/hostname")).expect("read")
     );
+    // One file to a path that is not a directory: the file is written there, as
+    // fsck.erofs does; there again only with --overwrite; into a directory by name.
+    let one = d.path().join("out/hostname.copy");
+    for (extra, ok_) in [(None, true), (None, false), (Some("--overwrite"), true)] {
+        let st = Command::new(&fsck)
+            .arg(format!("--extract={}", one.display()))
+            .arg(format!("--nid={host}"))
+            .args(extra)
+            .arg(&img)
+            .output()
+            .expect("fsck --extract one file");
+        assert_eq!(st.status.success(), ok_, "{extra:?}: {st:?}");
+    }
+    assert_eq!(
+        std::fs::read(&one).expect("extracted"),
+        std::fs::read(src.join("etc/hostname")).expect("read")
+    );
+    let into = d.path().join("into");
+    std::fs::create_dir(&into).expect("mkdir");
+    ok(&[&"extract", &img, &into, &"--path", &"/etc/hostname"]);
+    assert!(into.join("hostname").is_file());
     // An inode by number (the root here).
     let root = json(&ok(&[&"inspect", &"--json", &img]))["root_nid"]
         .as_u64()

@@ -206,11 +206,6 @@ const LZMA_MEMLIMIT: u64 = 1 << 30;
 /// The compression of a tar stream that starts with `head` (its first bytes, 13 or
 /// more): `gzip`, `xz`, `zstd`, `bzip2` or `lzma` by magic or header, else `none`.
 pub fn stream_compression(head: &[u8]) -> &'static str {
-    detect(head)
-}
-
-/// Compression by magic.
-fn detect(head: &[u8]) -> &'static str {
     if head.starts_with(&[0x1f, 0x8b]) {
         "gzip"
     } else if head.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0]) {
@@ -277,7 +272,7 @@ fn read_layer(
             let f = std::fs::File::open(p).map_err(io_err(p, "tar: open"))?;
             let md = f.metadata().map_err(io_err(p, "tar: stat"))?;
             let mut b = std::io::BufReader::with_capacity(1 << 20, f);
-            let comp = detect(&peek(&mut b)?);
+            let comp = stream_compression(&peek(&mut b)?);
             if comp == "none" && md.is_file() {
                 let canon = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
                 (In::File(b, md.len()), comp, Some(canon))
@@ -287,7 +282,7 @@ fn read_layer(
         }
         TarInput::Stdin => {
             let mut b = std::io::BufReader::with_capacity(1 << 20, std::io::stdin());
-            let comp = detect(&peek(&mut b)?);
+            let comp = stream_compression(&peek(&mut b)?);
             (In::Stream(decoder(comp, Box::new(b))?), comp, None)
         }
     };
@@ -1651,32 +1646,32 @@ mod tests {
         assert_eq!(base64(b"YQ").expect("b64"), b"a");
         assert!(base64(b"@@@@").is_none());
         assert_eq!(percent_decode(b"user.a%40b%2"), b"user.a@b%2");
-        assert_eq!(detect(&[0x28, 0xb5, 0x2f, 0xfd, 0]), "zstd");
-        assert_eq!(detect(b"BZh9"), "bzip2");
-        assert_eq!(detect(b"./file"), "none");
+        assert_eq!(stream_compression(&[0x28, 0xb5, 0x2f, 0xfd, 0]), "zstd");
+        assert_eq!(stream_compression(b"BZh9"), "bzip2");
+        assert_eq!(stream_compression(b"./file"), "none");
         // xz --format=lzma -6: properties 0x5d, an 8 MiB dictionary, size unknown.
         let mut h = vec![0x5d, 0, 0, 0x80, 0];
         h.extend([0xff; 8]);
-        assert_eq!(detect(&h), "lzma");
+        assert_eq!(stream_compression(&h), "lzma");
         h[1..5].copy_from_slice(&(3u32 << 20).to_le_bytes()); // 2^21 + 2^20
-        assert_eq!(detect(&h), "lzma");
+        assert_eq!(stream_compression(&h), "lzma");
         h[1..5].copy_from_slice(&(5u32 << 20).to_le_bytes());
-        assert_eq!(detect(&h), "none");
+        assert_eq!(stream_compression(&h), "none");
         h[1..5].copy_from_slice(&(1u32 << 20).to_le_bytes());
         h[0] = 225;
-        assert_eq!(detect(&h), "none");
+        assert_eq!(stream_compression(&h), "none");
         // A tar header whose first name starts with ']' (0x5d) is still a tar.
         let mut t = b"]a".to_vec();
         t.resize(512, 0);
-        assert_eq!(detect(&t), "none");
-        assert_eq!(detect(&h[..12]), "none");
+        assert_eq!(stream_compression(&t), "none");
+        assert_eq!(stream_compression(&h[..12]), "none");
         // A known size must be one a tar can have (found by fuzzing: a 0-byte "tar").
         h[0] = 0x5d;
         h[5..13].copy_from_slice(&0u64.to_le_bytes());
-        assert_eq!(detect(&h), "none");
+        assert_eq!(stream_compression(&h), "none");
         h[5..13].copy_from_slice(&10240u64.to_le_bytes());
-        assert_eq!(detect(&h), "lzma");
+        assert_eq!(stream_compression(&h), "lzma");
         h[5..13].copy_from_slice(&10241u64.to_le_bytes());
-        assert_eq!(detect(&h), "none");
+        assert_eq!(stream_compression(&h), "none");
     }
 }

@@ -409,8 +409,9 @@ fn read_segment(img: &Image, ctx: &mut ReadCtx, job: &Job, mut buf: Vec<u8>) -> 
     Ok(buf)
 }
 
-/// The error that stops a walk from its callback (the real cause is kept aside).
-fn stop() -> ferofs_reader::Error {
+/// The error that stops a walk from its callback (the real cause is kept aside by the
+/// caller; `ls -R` uses it too).
+pub(crate) fn stop() -> ferofs_reader::Error {
     ferofs_reader::Error::Io {
         offset: 0,
         error: std::io::Error::other("export stopped"),

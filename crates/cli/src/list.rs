@@ -143,10 +143,7 @@ fn ls_recursive(img: &Image, top: &Inode, shown: &str, json_out: bool) -> Result
     let walked = img.walk_from(top, |rel, ino| {
         one(rel, ino).map_err(|e| {
             failed = Some(e);
-            ferofs_reader::Error::Io {
-                offset: 0,
-                error: std::io::Error::other("listing stopped"),
-            }
+            crate::export::stop()
         })
     });
     if let Some(e) = failed {

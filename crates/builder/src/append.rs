@@ -81,6 +81,8 @@ fn unsupported_options(o: &BuildOptions) -> Option<&'static str> {
         "chunk-based files"
     } else if o.tar_index {
         "--tar-index"
+    } else if o.reserve_data || o.block_map.is_some() {
+        "--reserve-data / --block-map"
     } else if o.verity.is_some() {
         "--verity"
     } else if o.fsverity_digests || o.inode_digest.is_some() {

@@ -90,7 +90,24 @@ pub fn build_from_dir(source: &Path, output: &Path, opts: &BuildOptions) -> Resu
         tarball::strip_overlay(&mut tree);
         scan::fix_nlinks(&mut tree);
     }
+    reserve_all(&mut tree, opts);
     build_tree(tree, output, opts)
+}
+
+/// `--reserve-data` for a source other than a tar (whose reader reserves as it goes,
+/// noting each file's offset in the tar): every non-empty regular file's data becomes
+/// space reserved for it.
+fn reserve_all(tree: &mut Tree, o: &BuildOptions) {
+    if !o.reserve_data {
+        return;
+    }
+    for n in &mut tree.nodes {
+        if let Kind::File { src, size } = &mut n.kind {
+            if *size > 0 {
+                *src = source::Source::Reserved { at: 0 };
+            }
+        }
+    }
 }
 
 /// Build an image of tar streams at `output`: one archive, or a layer stack (later
@@ -119,7 +136,8 @@ pub fn build_from_squashfs(
 ) -> Result<BuildReport> {
     opts.check()?;
     let dir = out::dir_of(output);
-    let t = squashfs::scan_squashfs(image, dir, opts)?;
+    let mut t = squashfs::scan_squashfs(image, dir, opts)?;
+    reserve_all(&mut t.tree, opts);
     let r = build_tree(t.tree, output, opts);
     drop(t.spool);
     r
@@ -134,6 +152,7 @@ pub fn build_from_erofs(source: &Path, output: &Path, opts: &BuildOptions) -> Re
         tarball::strip_overlay(&mut tree);
         scan::fix_nlinks(&mut tree);
     }
+    reserve_all(&mut tree, opts);
     build_tree(tree, output, opts)
 }
 
@@ -151,7 +170,15 @@ pub fn build_from_images(
     by_reference: bool,
 ) -> Result<BuildReport> {
     opts.check()?;
-    let m = merge::merge_images(layers, opts, by_reference)?;
+    if by_reference && opts.reserve_data {
+        return Err(BuildError::Options(
+            "--reserve-data with layers merged by reference: their data is referred to, \
+             not stored"
+                .into(),
+        ));
+    }
+    let mut m = merge::merge_images(layers, opts, by_reference)?;
+    reserve_all(&mut m.tree, opts);
     let mut r = build_tree(m.tree, output, opts)?;
     if m.copied.0 > 0 {
         r.warnings.push(format!(
@@ -195,7 +222,11 @@ pub fn build_onto(
     let mut implicit = vec![Vec::new()];
     let mut spools = Vec::new();
     match layer {
-        Layer::Dir(d) => trees.push(scan::scan_dir(d, &o)?),
+        Layer::Dir(d) => {
+            let mut t = scan::scan_dir(d, &o)?;
+            reserve_all(&mut t, &o);
+            trees.push(t)
+        }
         Layer::Tars(inputs) => {
             for i in inputs {
                 let t = tarball::scan_tars(std::slice::from_ref(i), out::dir_of(output), &o)?;
@@ -266,6 +297,11 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
         m => m / 8,
     });
     let mut placed = place::store_data(&tree, &plan, o, &mut out)?;
+    // Written now, put in place with the image.
+    let block_map = match &o.block_map {
+        Some(p) => Some((p, block_map(p, &placed.reserved)?)),
+        None => None,
+    };
     let blob = placed.blob.take();
     if let (Some((_, blocks)), Some(slot)) = (&blob, plan.cfg.devices.first_mut()) {
         slot.blocks = *blocks;
@@ -303,6 +339,10 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     if let Some((b, _)) = blob {
         b.finish(o.fsync)?;
     }
+    if let Some((p, t)) = block_map {
+        t.persist(p)
+            .map_err(|e| options::io_err(p, "block map: rename")(e.error))?;
+    }
     let mut r = report(
         &tree.nodes[..inodes],
         tree.packed,
@@ -314,6 +354,32 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     r.metabox_bytes = mb.bytes;
     r.metabox_stored = mb.stored;
     Ok(r)
+}
+
+/// `--block-map`: the reserved files' lines in a scratch file beside `path`.
+fn block_map(path: &Path, entries: &[place::Reserved]) -> Result<tempfile::NamedTempFile> {
+    use std::io::Write;
+    let dir = out::dir_of(path);
+    let t =
+        cleanup::scratch(dir, ".ferofs-map-").map_err(options::io_err(dir, "block map: create"))?;
+    let mut w = std::io::BufWriter::new(t.as_file());
+    for e in entries {
+        // mkfs.erofs's format: hex but the zeros at the end, which are decimal.
+        let r = if e.zeroed > 0 {
+            writeln!(
+                w,
+                "{:08x} {:8x} {:08x} {:08}",
+                e.blkaddr, e.blocks, e.at, e.zeroed
+            )
+        } else {
+            writeln!(w, "{:08x} {:8x} {:08x}", e.blkaddr, e.blocks, e.at)
+        };
+        r.map_err(options::io_err(path, "block map: write"))?;
+    }
+    w.flush()
+        .map_err(options::io_err(path, "block map: write"))?;
+    drop(w);
+    Ok(t)
 }
 
 /// Bytes fragments saved, at least: what they would take on their own (a lower

@@ -110,6 +110,18 @@ pub struct BuildOptions {
     /// `--tar=headerball`): each regular file's header is followed by the next header,
     /// and the file is its size of zeros, stored as a hole.
     pub tar_headerball: bool,
+    /// `--reserve-data` (mkfs.erofs's `--clean=rvsp`): every non-empty regular file
+    /// gets its blocks in the image (uncompressed, contiguous, FLAT_PLAIN) but its
+    /// data is not stored: the image holds zeros there, to be filled in later (from
+    /// the tar, at the offsets `block_map` lists). Files of a `build_onto` base keep
+    /// their data.
+    pub reserve_data: bool,
+    /// `--block-map FILE` (mkfs.erofs's `--tar=MODE,MAPFILE`): written when the build
+    /// succeeds, a line per reserved file in block order, `BLKADDR NBLOCKS SRCOFF`
+    /// and, when the last block is not full, the bytes of zeros at its end
+    /// (`%08x %8x %08x %08u`, mkfs.erofs's format); SRCOFF is the data's offset in
+    /// the (decompressed) tar, 0 for other sources. Empty without `reserve_data`.
+    pub block_map: Option<std::path::PathBuf>,
     /// `--verity`: a dm-verity hash tree appended behind the image (see `verity`).
     pub verity: Option<VerityOptions>,
     /// `--fsverity-digests`: each regular file's fs-verity digest in a
@@ -241,6 +253,8 @@ impl Default for BuildOptions {
             ovlfs_strip: false,
             tar_index: false,
             tar_headerball: false,
+            reserve_data: false,
+            block_map: None,
             verity: None,
             fsverity_digests: false,
             inode_version: InodeVersion::Auto,
@@ -363,6 +377,24 @@ impl BuildOptions {
                     String::from_utf8_lossy(p),
                     ferofs_format::xattr::MAX_LONG_PREFIX_LEN
                 )));
+            }
+        }
+        if o.reserve_data {
+            let other = if o.tar_index {
+                Some("--tar-index (the data stays in the tar, no space is reserved)")
+            } else if o.fsverity_digests {
+                Some("--fsverity-digests (the data is not there to digest)")
+            } else if o.inode_digest.is_some() {
+                Some("--xattr-inode-digest (the data is not there to digest)")
+            } else if o.verity.is_some() {
+                Some("--verity (the hash tree would cover the zeros, not the data filled in later)")
+            } else if o.blobdev.is_some() {
+                Some("--blobdev")
+            } else {
+                None
+            };
+            if let Some(other) = other {
+                return Err(BuildError::Options(format!("--reserve-data with {other}")));
             }
         }
         if o.fsverity_digests && o.tar_index {
@@ -502,4 +534,56 @@ pub struct BuildReport {
     pub appended_in_place: bool,
     /// In place: bytes the image grew by.
     pub appended_bytes: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserved_data_refuses_what_would_need_the_data() {
+        let base = BuildOptions {
+            reserve_data: true,
+            ..Default::default()
+        };
+        assert!(base.check().is_ok());
+        let cases: [(&str, BuildOptions); 4] = [
+            (
+                "--tar-index",
+                BuildOptions {
+                    tar_index: true,
+                    ..base.clone()
+                },
+            ),
+            (
+                "--fsverity-digests",
+                BuildOptions {
+                    fsverity_digests: true,
+                    ..base.clone()
+                },
+            ),
+            (
+                "--xattr-inode-digest",
+                BuildOptions {
+                    inode_digest: Some(b"user.d".to_vec()),
+                    ..base.clone()
+                },
+            ),
+            (
+                "--blobdev",
+                BuildOptions {
+                    blobdev: Some("b".into()),
+                    ..base.clone()
+                },
+            ),
+        ];
+        for (what, o) in cases {
+            match o.check() {
+                Err(BuildError::Options(m)) => {
+                    assert!(m.starts_with(&format!("--reserve-data with {what}")), "{m}")
+                }
+                r => panic!("{what}: {r:?}"),
+            }
+        }
+    }
 }

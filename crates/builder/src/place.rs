@@ -41,6 +41,20 @@ pub struct Placed {
     pub warnings: Vec<String>,
     /// `--blobdev`: the blob being written and its length in blocks.
     pub blob: Option<(Out, u64)>,
+    /// `--reserve-data`: each reserved file's first block, block count, source
+    /// offset and zeros at the end of its last block, in block order.
+    pub reserved: Vec<Reserved>,
+}
+
+/// The blocks reserved for a file's data (`--reserve-data`), a line of the block map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reserved {
+    pub blkaddr: u64,
+    pub blocks: u64,
+    /// Where the data is in the source (a tar's byte offset).
+    pub at: u64,
+    /// Bytes of the last block past the file's end.
+    pub zeroed: u64,
 }
 
 /// The figures of [`Placed`] the build report needs.
@@ -77,6 +91,7 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
         fragment_alt: 0,
         warnings: Vec::new(),
         blob: None,
+        reserved: Vec::new(),
     };
     // Files on an extra device (tar index mode, layers merged by reference) only get
     // chunk indexes pointing there; a tail not on the device gets a block of its own
@@ -110,6 +125,31 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
             placed.bytes_in += size;
         }
     }
+    // `--reserve-data`: contiguous blocks at the start of the data region, in inode
+    // order, left unwritten (the output file's holes read as zeros).
+    for (id, nd) in tree.nodes.iter().enumerate() {
+        if let Kind::File {
+            src: Source::Reserved { at },
+            size,
+        } = &nd.kind
+        {
+            if *size == 0 {
+                continue;
+            }
+            let blocks = size.div_ceil(plan.bs);
+            let blkaddr = placed.end_blk;
+            placed.end_blk = blkaddr
+                .checked_add(blocks)
+                .ok_or_else(|| BuildError::TooLarge("reserved data".into()))?;
+            placed.layouts[id] = Layout::Plain { startblk: blkaddr };
+            placed.reserved.push(Reserved {
+                blkaddr,
+                blocks,
+                at: *at,
+                zeroed: blocks * plan.bs - size,
+            });
+        }
+    }
     let mut files: Vec<(usize, &crate::scan::Node, &Source, u64)> = tree
         .nodes
         .iter()
@@ -117,7 +157,7 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
         .filter(|(id, _)| Some(*id) != tree.packed)
         .filter_map(|(id, nd)| match &nd.kind {
             Kind::File {
-                src: Source::External { .. },
+                src: Source::External { .. } | Source::Reserved { .. },
                 ..
             } => None,
             Kind::File { src, size } => Some((id, nd, src, *size)),

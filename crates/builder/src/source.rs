@@ -57,6 +57,10 @@ pub enum Source {
         blkaddr: u64,
         tail: Option<Arc<crate::erofsin::ErofsFile>>,
     },
+    /// Blocks reserved in the image for the file's data, which is not stored
+    /// (`--reserve-data`): zeros until filled in from byte `at` of the source (the
+    /// data's offset in a tar; 0 for other sources). Never read.
+    Reserved { at: u64 },
     /// A regular file of an EROFS image read through the reader (re-encoding): read
     /// on demand, decoding only the extents a read covers; holes from its mapping.
     Erofs(Arc<crate::erofsin::ErofsFile>),
@@ -72,6 +76,7 @@ impl Source {
             Source::Range { file, .. } | Source::Sparse { file, .. } => file,
             Source::Spooled { spool, .. } => spool.path(),
             Source::External { .. } => Path::new("(extra device)"),
+            Source::Reserved { .. } => Path::new("(reserved)"),
             Source::Erofs(e) => &e.image.path,
             Source::Squash(f) => f.image_path(),
         }
@@ -79,9 +84,9 @@ impl Source {
 
     /// Open for reading a file of `size` bytes.
     pub fn open(&self, size: u64) -> Result<Reader<'_>> {
-        if let Source::External { .. } = self {
+        if let Source::External { .. } | Source::Reserved { .. } = self {
             return Err(BuildError::Options(
-                "internal: data on an extra device is not read".into(),
+                "internal: data on an extra device or only reserved is not read".into(),
             ));
         }
         let f = File::open(self.path()).map_err(io_err(self.path(), "data: open"))?;
@@ -163,7 +168,9 @@ impl Reader<'_> {
                 }
                 self.f.read_exact_at(buf, at + off)
             }
-            Source::External { .. } => Err(std::io::ErrorKind::Unsupported.into()),
+            Source::External { .. } | Source::Reserved { .. } => {
+                Err(std::io::ErrorKind::Unsupported.into())
+            }
             Source::Erofs(e) => e.read_exact_at(buf, off),
             Source::Squash(f) => f.read_exact_at(buf, off),
             Source::Spooled { spool, segs } => {
@@ -257,7 +264,7 @@ impl Reader<'_> {
             Source::Path(_) | Source::Scanned { .. } => {
                 crate::data::data_segments(&self.f, self.size)
             }
-            Source::Range { .. } | Source::External { .. } => None,
+            Source::Range { .. } | Source::External { .. } | Source::Reserved { .. } => None,
             Source::Erofs(e) => e.segments(),
             Source::Squash(f) => f.segments(),
             Source::Sparse { segs, .. } | Source::Spooled { segs, .. } => {

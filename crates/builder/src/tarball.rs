@@ -169,6 +169,7 @@ pub fn scan_tars(inputs: &[TarInput], spool_dir: &Path, opts: &BuildOptions) -> 
             layer,
             spool_dir,
             opts.tar_index,
+            opts.reserve_data,
             &opts.progress,
         )?;
         spools.extend(s);
@@ -191,6 +192,8 @@ enum Sink {
     InPlace(Arc<Path>),
     /// Index mode: the tar is the image's extra device 1; data is only pointed at.
     Index,
+    /// `--reserve-data`: the data is skipped; the image reserves its blocks.
+    Reserve,
     Spool {
         path: Arc<Path>,
         w: BufWriter<std::fs::File>,
@@ -245,6 +248,7 @@ fn read_layer(
     layer: usize,
     spool_dir: &Path,
     index: bool,
+    reserve: bool,
     progress: &Option<Arc<crate::Progress>>,
 ) -> Result<(Option<tempfile::NamedTempFile>, u64)> {
     let shown = input.shown();
@@ -294,6 +298,9 @@ fn read_layer(
     }
     let (mut sink, spool) = match in_place {
         _ if index => (Sink::Index, None),
+        // Headerballs have no data to reserve space for (as mkfs.erofs, whose
+        // --tar=headerball wins over --clean=rvsp).
+        _ if reserve && !a.headerball => (Sink::Reserve, None),
         Some(p) => (Sink::InPlace(Arc::from(p.as_path())), None),
         None => {
             let t = crate::cleanup::scratch(spool_dir, ".ferofs-spool-")
@@ -931,6 +938,11 @@ fn parse(a: &mut Arena, r: &mut TarStream, sink: &mut Sink, layer: usize) -> Res
                         "a sparse file cannot be pointed at in tar index mode (its data is not laid out as the file)".into(),
                     ));
                 }
+                if (typ == b'S' || pax_sparse) && matches!(sink, Sink::Reserve) {
+                    return Err(ebad(
+                        "a sparse file cannot have its space reserved (--reserve-data): its data is not laid out in the tar as in the file".into(),
+                    ));
+                }
                 if (typ == b'S' || pax_sparse) && a.headerball {
                     return Err(ebad(
                         "a sparse file in a headerball (its map is data the headerball leaves out)"
@@ -1087,6 +1099,7 @@ fn sink_source(s: &Sink, at: u64) -> Source {
             file: p.clone(),
             at,
         },
+        Sink::Reserve => Source::Reserved { at },
         Sink::Index => Source::External {
             device: 1,
             blkaddr: at / 512,
@@ -1098,7 +1111,7 @@ fn sink_source(s: &Sink, at: u64) -> Source {
 fn sink_path(s: &Sink) -> Arc<Path> {
     match s {
         Sink::InPlace(p) | Sink::Spool { path: p, .. } => p.clone(),
-        Sink::Index => Arc::from(Path::new("(tar)")),
+        Sink::Index | Sink::Reserve => Arc::from(Path::new("(tar)")),
     }
 }
 
@@ -1106,7 +1119,7 @@ fn sink_path(s: &Sink) -> Arc<Path> {
 /// to the spool. Returns their offset in the backing file.
 fn store(r: &mut TarStream, sink: &mut Sink, len: u64, what: &dyn Fn() -> String) -> Result<u64> {
     match sink {
-        Sink::InPlace(_) | Sink::Index => {
+        Sink::InPlace(_) | Sink::Index | Sink::Reserve => {
             let at = r.pos;
             r.skip(len, what)?;
             Ok(at)

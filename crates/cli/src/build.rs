@@ -136,6 +136,21 @@ pub struct BuildArgs {
     /// `trusted.overlay.metacopy` xattrs (PAX `SCHILY.xattr.*`) point at (composefs).
     #[arg(long, requires = "tar", conflicts_with = "tar_index")]
     tar_headerball: bool,
+    /// Reserve space for the file data without storing it (mkfs.erofs's
+    /// `--clean=rvsp`): every non-empty regular file gets its blocks in the image,
+    /// uncompressed and contiguous, holding zeros until the data is written there
+    /// later (a hole in the image file until then). With --block-map, where.
+    #[arg(long, conflicts_with_all = ["tar_index", "blobdev", "verity", "fsverity_digests"])]
+    reserve_data: bool,
+    /// Write a line per file of --reserve-data to FILE when the build succeeds, in
+    /// block order: `BLKADDR NBLOCKS SRCOFF [ZEROED]` (hex; ZEROED, the bytes of the
+    /// last block past the file's end, decimal and only when not 0), where SRCOFF is
+    /// the data's byte offset in the (decompressed) tar, 0 for other sources. Copy
+    /// NBLOCKS blocks' worth of the tar from SRCOFF to block BLKADDR of the image,
+    /// zeroing the last ZEROED bytes, and the image holds the data (mkfs.erofs's
+    /// `--tar=f,MAPFILE` format).
+    #[arg(long, value_name = "FILE")]
+    block_map: Option<PathBuf>,
     /// Make every file owned by root (uid 0, gid 0).
     #[arg(long)]
     all_root: bool,
@@ -482,6 +497,8 @@ pub fn options(a: &BuildArgs) -> Result<BuildOptions> {
     o.block_size = block_size;
     o.tar_index = a.tar_index;
     o.tar_headerball = a.tar_headerball;
+    o.reserve_data = a.reserve_data;
+    o.block_map = a.block_map.clone();
     o.aufs = a.aufs;
     o.ovlfs_strip = match a.ovlfs_strip {
         None | Some(0) => false,

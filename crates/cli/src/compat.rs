@@ -96,6 +96,13 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
     let mut tar: Option<char> = None;
     let mut clean_data = false;
     let mut incremental = false;
+    // `--clean=rvsp` / `--incremental=rvsp`: reserve space for file data.
+    let mut rvsp = false;
+    // `--clean=0` / `--incremental=0`: zero-filled file data (no source ferofs
+    // reads takes it: mkfs.erofs ignores it for directories and tars).
+    let mut zero_fill = false;
+    // `--tar=MODE,MAPFILE`.
+    let mut tar_map: Option<String> = None;
     let mut oci: Option<Vec<OsString>> = None;
     let mut s3: Option<Vec<OsString>> = None;
     let mut compress = false;
@@ -151,7 +158,10 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                 // A separate metadata zone (inodes and directory blocks together):
                 // ferofs always lays every inode and directory block out in one
                 // region behind the data; it has no other layout to turn off.
-                "MZ" if matches!(inline.as_deref(), None | Some("0" | "i" | "d" | "id" | "di")) => {}
+                "MZ" if matches!(
+                    inline.as_deref(),
+                    None | Some("0" | "i" | "d" | "id" | "di")
+                ) => {}
                 "MZ" => bail!(
                     "mkfs.erofs: --MZ={}: the flags are 0, i and d",
                     inline.as_deref().unwrap_or("")
@@ -163,20 +173,23 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                 "zD" => zd = inline.as_deref() != Some("1"),
                 // A full build is all ferofs does (mkfs.erofs's default).
                 // Image sources: their data copied, not referred to.
-                "clean" if matches!(inline.as_deref(), None | Some("data")) => clean_data = true,
+                // `rvsp`: space reserved for the file data, which is not stored
+                // (`--reserve-data`); `0`: zero-filled data.
                 // On top of the image IMAGE already holds: a new image of the stack
                 // (`--base IMAGE`), written over it.
-                "incremental" if matches!(inline.as_deref(), None | Some("data")) => {
-                    incremental = true
+                "clean" | "incremental" => {
+                    match inline.as_deref() {
+                        None | Some("data") => {}
+                        Some("rvsp") => rvsp = true,
+                        Some("0") => zero_fill = true,
+                        Some(v) => bail!("mkfs.erofs: --{name}={v}: expected data, rvsp or 0"),
+                    }
+                    if name == "clean" {
+                        clean_data = true;
+                    } else {
+                        incremental = true;
+                    }
                 }
-                "incremental" => bail!(
-                    "mkfs.erofs: --incremental={}: only --incremental=data is implemented by ferofs",
-                    inline.as_deref().unwrap_or("")
-                ),
-                "clean" => bail!(
-                    "mkfs.erofs: --clean={}: only full builds (--clean or --clean=data) are implemented by ferofs",
-                    inline.as_deref().unwrap_or("")
-                ),
                 "aufs" => out.push("--aufs".into()),
                 "ignore-mtime" => out.push("--ignore-mtime".into()),
                 // ferofs keeps each file's mtime by default, and -T sets all of them
@@ -193,9 +206,9 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                     bail!("mkfs.erofs: --{name}=FILE (dumping the raw stream) is not implemented by ferofs")
                 }
                 "force-uid" | "force-gid" | "uid-offset" | "gid-offset" | "exclude-path"
-                | "exclude-regex" | "compress-hints" | "offset" | "fsalignblks"
-                | "dsunit" | "blobdev" | "file-contexts" | "root-xattr-isize"
-                | "xattr-prefix" | "fs-config-file" | "vmdk-desc" => {
+                | "exclude-regex" | "compress-hints" | "offset" | "fsalignblks" | "dsunit"
+                | "blobdev" | "file-contexts" | "root-xattr-isize" | "xattr-prefix"
+                | "fs-config-file" | "vmdk-desc" => {
                     let v = value()?;
                     out.push(format!("--{name}").into());
                     out.push(v.into());
@@ -220,7 +233,11 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                     v => bail!("mkfs.erofs: --sort={v}: expected path or none"),
                 },
                 "tar" => {
-                    let v = inline.clone().unwrap_or_else(|| "f".into());
+                    let mut v = inline.clone().unwrap_or_else(|| "f".into());
+                    if let Some((mode, map)) = v.clone().split_once(',') {
+                        v = mode.into();
+                        tar_map = (!map.is_empty()).then(|| map.into());
+                    }
                     tar = Some(match v.as_str() {
                         "f" => 'f',
                         "i" => 'i',
@@ -459,11 +476,33 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
     }
     match tar {
         Some(mode) => {
-            if mode == 'i' {
+            // mkfs.erofs's rvsp wins over index mode; a headerball has no data.
+            let reserve = rvsp && mode != 'h';
+            if mode == 'i' && !reserve {
+                if tar_map.is_some() {
+                    bail!(
+                        "mkfs.erofs: --tar=i,MAPFILE (tar blocks mapped onto the image's own) is not implemented by ferofs: --tar=i points into the tar as an extra device"
+                    );
+                }
                 out.push("--tar-index".into());
             }
             if mode == 'h' {
                 out.push("--tar-headerball".into());
+            }
+            if reserve {
+                out.push("--reserve-data".into());
+                // Index mode without a map file: mkfs.erofs's 512-byte blocks.
+                let sized = out
+                    .iter()
+                    .any(|a| a.to_str().is_some_and(|a| a.starts_with("-b")));
+                if mode == 'i' && tar_map.is_none() && !sized {
+                    out.extend(["-b".into(), "512".into()]);
+                }
+            }
+            if let Some(m) = tar_map {
+                // Lists the reserved files (none without rvsp: an empty file, as
+                // mkfs.erofs's).
+                out.extend(["--block-map".into(), m.into()]);
             }
             if sources.len() > 1 {
                 bail!("mkfs.erofs: one tar SOURCE at most (stdin without one)");
@@ -483,7 +522,12 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
             // --aufs changes tar input only: mkfs.erofs takes it here and does nothing
             // with it (containerd's layer merge passes it).
             out.retain(|a| a != "--aufs");
-            if !clean_data {
+            if zero_fill {
+                bail!("mkfs.erofs: --clean=0 / --incremental=0 with image sources: zero-filled data is for S3 sources (mkfs.erofs 1.9.3 refuses it here too)");
+            }
+            if rvsp {
+                out.push("--reserve-data".into());
+            } else if !clean_data {
                 out.push("--by-reference".into());
             }
             out.extend(sources.iter().cloned());
@@ -852,6 +896,9 @@ mod tests {
             &["--async-queue-limit", "8", "o", "s"],
             &["--clean", "o", "s"],
             &["--clean=data", "o", "s"],
+            // A directory source ignores rvsp and 0, as mkfs.erofs's does.
+            &["--clean=rvsp", "o", "s"],
+            &["--clean=0", "o", "s"],
         ] {
             assert_eq!(
                 t(args).expect("translate"),
@@ -859,10 +906,98 @@ mod tests {
                 "{args:?}"
             );
         }
-        for args in [&["--clean=rvsp", "o", "s"][..], &["--clean=0", "o", "s"]] {
-            let e = t(args).expect_err("refused").to_string();
-            assert!(e.contains("--clean="), "{args:?}: {e}");
+        for v in ["--clean=x", "--clean=1", "--incremental=rvspx"] {
+            let e = t(&[v, "o", "s"]).expect_err("refused").to_string();
+            assert!(e.contains("expected data, rvsp or 0"), "{v}: {e}");
         }
+    }
+
+    #[test]
+    fn rvsp_reserves_the_data_of_tars_and_images() {
+        assert_eq!(
+            t(&["--tar=f,m.map", "--clean=rvsp", "o", "l.tar"]).expect("translate"),
+            [
+                "-z",
+                "none",
+                "--reserve-data",
+                "--block-map",
+                "m.map",
+                "--tar",
+                "l.tar",
+                "o"
+            ]
+        );
+        // rvsp wins over index mode (its 512-byte blocks kept without a map file),
+        assert_eq!(
+            t(&["--tar=i", "--clean=rvsp", "o", "l.tar"]).expect("translate"),
+            [
+                "-z",
+                "none",
+                "--reserve-data",
+                "-b",
+                "512",
+                "--tar",
+                "l.tar",
+                "o"
+            ]
+        );
+        assert_eq!(
+            t(&["-b4096", "--tar=i", "--clean=rvsp", "o", "l.tar"]).expect("translate"),
+            [
+                "-b",
+                "4096",
+                "-z",
+                "none",
+                "--reserve-data",
+                "--tar",
+                "l.tar",
+                "o"
+            ]
+        );
+        // a headerball has no data to reserve; without rvsp the map is empty;
+        assert_eq!(
+            t(&["--tar=headerball,m", "--clean=rvsp", "o", "l.tar"]).expect("translate"),
+            [
+                "-z",
+                "none",
+                "--tar-headerball",
+                "--block-map",
+                "m",
+                "--tar",
+                "l.tar",
+                "o"
+            ]
+        );
+        assert_eq!(
+            t(&["--tar=f,m", "o", "l.tar"]).expect("translate"),
+            ["-z", "none", "--block-map", "m", "--tar", "l.tar", "o"]
+        );
+        assert_eq!(
+            t(&["--tar=f", "--incremental=rvsp", "-zlz4", "o", "l.tar"]).expect("translate"),
+            [
+                "-z",
+                "lz4",
+                "--base",
+                "o",
+                "--reserve-data",
+                "--tar",
+                "l.tar",
+                "o"
+            ]
+        );
+        // image sources: copied with rvsp, never referred to.
+        assert_eq!(
+            t(&["--clean=rvsp", "o", "a.erofs", "b.erofs"]).expect("translate"),
+            ["-z", "none", "--reserve-data", "a.erofs", "b.erofs", "o"]
+        );
+        for args in [
+            &["--tar=i,m", "o", "l.tar"][..],
+            &["--clean=0", "o", "a.erofs", "b.erofs"],
+        ] {
+            assert!(t(args).is_err(), "{args:?}");
+        }
+        // --tar=0 (zero-filled tar data) is not taken.
+        assert!(t(&["--tar=0", "o", "l.tar"]).is_err());
     }
 
     #[test]
@@ -875,11 +1010,12 @@ mod tests {
             t(&["--tar=f", "--incremental", "o", "l.tar"]).expect("translate"),
             ["-z", "none", "--base", "o", "--tar", "l.tar", "o"]
         );
+        // A directory layer ignores rvsp and 0 (mkfs.erofs's).
         for v in ["rvsp", "0"] {
-            let e = t(&[&format!("--incremental={v}"), "o", "s"])
-                .expect_err("refused")
-                .to_string();
-            assert!(e.contains("--incremental="), "{e}");
+            assert_eq!(
+                t(&[&format!("--incremental={v}"), "o", "s"]).expect("translate"),
+                ["-z", "none", "--base", "o", "s", "o"]
+            );
         }
     }
 

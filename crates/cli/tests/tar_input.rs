@@ -1086,3 +1086,189 @@ fn a_headerball_gives_files_their_size_and_no_data() {
         "{out:?}"
     );
 }
+
+/// The lines of a block map: (first block, blocks, source offset, zeros at the end).
+fn parse_block_map(text: &str) -> Vec<(u64, u64, u64, u64)> {
+    text.lines()
+        .map(|l| {
+            // mkfs.erofs's `%08x %8x %08x[ %08u]`.
+            assert!(l.len() == 26 || l.len() == 35, "line {l:?}");
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let hex = |s: &str| u64::from_str_radix(s, 16).expect("hex");
+            let zeroed = match f.get(3) {
+                Some(z) => {
+                    assert_eq!(z.len(), 8, "{l:?}");
+                    z.parse().expect("decimal")
+                }
+                None => 0,
+            };
+            (hex(f[0]), hex(f[1]), hex(f[2]), zeroed)
+        })
+        .collect()
+}
+
+/// `--reserve-data` (mkfs.erofs's `--clean=rvsp`): every non-empty regular file gets
+/// contiguous plain blocks holding zeros (a hole in the image file), even in a
+/// compressed image; the block map says where each file's data is in the tar; copying
+/// it there makes the image the tree (kernel mount). The drop-in's `--tar=f,MAP
+/// --clean=rvsp` writes the same map, and mkfs.erofs 1.9.3 reserves the same files.
+#[test]
+fn reserved_data_is_filled_in_from_the_block_map() {
+    let (fs, tree) = make_tree();
+    drop_socket(&tree);
+    let dir = fs.path();
+    let zst = shared_dir().join("testdata/tree.tar.zst");
+    let tar = dir.join("tree.tar");
+    run_cmd(
+        Command::new("zstd")
+            .args(["-d", "-q", "-f", "-o"])
+            .arg(&tar)
+            .arg(&zst),
+    );
+    let img = dir.join("rvsp.erofs");
+    let map = dir.join("rvsp.map");
+    // The compressed stream: offsets are in the tar it decompresses to.
+    build_tar(
+        &[
+            &"-z",
+            &"lz4hc",
+            &"--reserve-data",
+            &"--block-map",
+            &map,
+            &"--tar",
+            &zst,
+        ],
+        &img,
+        None,
+    );
+    let text = std::fs::read_to_string(&map).expect("read map");
+    let lines = parse_block_map(&text);
+    // One line per non-empty regular file (hardlinks share one), contiguous from
+    // block 1 in block order.
+    let listing = ok(&[&"ls", &"-R", &"--json", &img]);
+    let mut nids = std::collections::BTreeSet::new();
+    let mut reg = 0;
+    for e in json(&listing).as_array().expect("array") {
+        if e["type"] == "file" && e["size"].as_u64().expect("size") > 0 {
+            nids.insert(e["nid"].as_u64().expect("nid"));
+            reg += 1;
+        }
+    }
+    assert!(reg > 1000, "{reg} files");
+    assert_eq!(lines.len(), nids.len(), "{text}");
+    let mut next = 1;
+    for &(blk, n, _, zeroed) in &lines {
+        assert_eq!(blk, next, "{text}");
+        assert!(n > 0 && zeroed < 4096);
+        next += n;
+    }
+    let st = json(&ok(&[&"stat", &"--json", &img, &"/acl/file-acl"]));
+    assert_eq!(st["layout"], "flat-plain", "{st}");
+    let cat = |img: &Path, p: &str| {
+        ferofs()
+            .arg("cat")
+            .arg(img)
+            .arg(p)
+            .output()
+            .expect("cat")
+            .stdout
+    };
+    assert_eq!(cat(&img, "/acl/file-acl"), [0u8; 11]);
+    // Unwritten: the image file's reserved blocks take no disk space.
+    let reserved: u64 = lines.iter().map(|l| l.1).sum::<u64>() * 4096;
+    let md = std::fs::metadata(&img).expect("stat");
+    use std::os::unix::fs::MetadataExt;
+    assert!(
+        md.blocks() * 512 + reserved / 2 < md.len(),
+        "{} bytes on disk of {}, {reserved} reserved",
+        md.blocks() * 512,
+        md.len()
+    );
+    assert!(ok(&[&"check", &img]).starts_with("clean: 0 problems; "));
+    fsck_erofs(&img).unwrap_or_else(|e| panic!("fsck.erofs failed:\n{e}"));
+    // Fill it in.
+    {
+        use std::os::unix::fs::FileExt;
+        let t = std::fs::File::open(&tar).expect("open tar");
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&img)
+            .expect("open image");
+        for &(blk, n, at, zeroed) in &lines {
+            let mut b = vec![0u8; (n * 4096 - zeroed) as usize];
+            t.read_exact_at(&mut b, at).expect("read tar");
+            f.write_all_at(&b, blk * 4096).expect("write image");
+        }
+    }
+    assert_eq!(
+        cat(&img, "/acl/file-acl"),
+        std::fs::read(tree.join("acl/file-acl")).expect("read")
+    );
+    assert!(ok(&[&"check", &img]).starts_with("clean: 0 problems; "));
+    if kernel_available("reserved_data_is_filled_in_from_the_block_map") {
+        let m = Mount::erofs(&img);
+        assert_same_tree(&tree, m.path());
+    }
+    // The drop-in: the same map.
+    let img2 = dir.join("dropin.erofs");
+    let map2 = dir.join("dropin.map");
+    let mut a = std::ffi::OsString::from("--tar=f,");
+    a.push(&map2);
+    ok(&[
+        &"mkfs",
+        &"-zlz4hc",
+        &a,
+        &"--clean=rvsp",
+        &"--quiet",
+        &img2,
+        &tar,
+    ]);
+    assert_eq!(std::fs::read_to_string(&map2).expect("read map"), text);
+    // mkfs.erofs 1.9.3 reserves the same files (its blocks in its own order).
+    if let Some(m) = mkfs_erofs_193() {
+        let img3 = dir.join("mkfs.erofs");
+        let map3 = dir.join("mkfs.map");
+        let mut a = std::ffi::OsString::from("--tar=f,");
+        a.push(&map3);
+        run_cmd(
+            Command::new(m)
+                .args(["-zlz4hc", "--clean=rvsp", "--quiet"])
+                .arg(a)
+                .arg(&img3)
+                .arg(&tar),
+        );
+        let key = |v: Vec<(u64, u64, u64, u64)>| {
+            let mut k: Vec<_> = v.into_iter().map(|l| (l.2, l.1, l.3)).collect();
+            k.sort();
+            k
+        };
+        assert_eq!(
+            key(parse_block_map(
+                &std::fs::read_to_string(&map3).expect("read")
+            )),
+            key(lines)
+        );
+    }
+    // Sparse entries have no tar offset to fill from: refused.
+    let sp = dir.join("sparse.tar");
+    py_tar(&sp, "GNU_FORMAT", "f('a', b'x')");
+    let mut b = std::fs::read(&sp).expect("read");
+    b[156] = b'S';
+    b[148..156].fill(b' ');
+    let sum: u32 = b[..512].iter().map(|&x| u32::from(x)).sum();
+    b[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    std::fs::write(&sp, &b).expect("write");
+    let out = ferofs()
+        .args(["build", "-q", "--reserve-data", "--tar"])
+        .arg(&sp)
+        .arg(dir.join("sp.erofs"))
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot have its space reserved"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!dir.join("sp.erofs").exists());
+}

@@ -6,7 +6,8 @@
 //! and walks; an EROFS image is also merged with itself by reference, and takes a small
 //! layer in place (an image the reader walks, or the file as it was). A tar is built twice: read in place, and gzipped (read as a stream, its
 //! file contents spooled); both must fail, or give the same image; and as a headerball
-//! (headers only: an error, or an image the reader walks).
+//! (headers only: an error, or an image the reader walks); and with its files' space
+//! reserved (an error, or an image whose block map points inside it and the tar).
 
 use ferofs_builder::{BuildOptions, TarInput};
 
@@ -68,8 +69,41 @@ pub fn run(kind: Kind, data: &[u8]) {
                 }
                 Err(_) => assert!(!hb.exists(), "a failed build left its output behind"),
             }
-            (plain && r2.is_ok())
-                .then(|| std::fs::read(&out2).expect("read streamed image"))
+            // With the data's space reserved: an error and no output, or an image the
+            // reader walks whose block map points inside the image and the tar.
+            let rv = dir.path().join("reserved.erofs");
+            let map = dir.path().join("reserved.map");
+            let o4 = BuildOptions {
+                reserve_data: true,
+                block_map: Some(map.clone()),
+                ..opts.clone()
+            };
+            match ferofs_builder::build_from_tars(&[TarInput::File(input.clone())], &rv, &o4) {
+                Ok(_) => {
+                    let b = std::fs::read(&rv).expect("read reserved image");
+                    let len = b.len() as u64;
+                    let text = std::fs::read_to_string(&map).expect("read block map");
+                    for l in text.lines() {
+                        let f: Vec<&str> = l.split_whitespace().collect();
+                        let hex = |s: &str| u64::from_str_radix(s, 16).expect("hex");
+                        let (blk, n, at) = (hex(f[0]), hex(f[1]), hex(f[2]));
+                        let zeroed: u64 = f.get(3).map_or(0, |z| z.parse().expect("decimal"));
+                        assert!((blk + n) * 4096 <= len, "{l}: beyond the image");
+                        // (Offsets are in the decompressed stream.)
+                        assert!(
+                            !plain || at + n * 4096 - zeroed <= data.len() as u64,
+                            "{l}: beyond the tar"
+                        );
+                    }
+                    let img = ferofs_reader::Image::new(b).expect("the reader opens it");
+                    crate::walk_all(&img, len);
+                }
+                Err(_) => assert!(
+                    !rv.exists() && !map.exists(),
+                    "a failed build left its output behind"
+                ),
+            }
+            (plain && r2.is_ok()).then(|| std::fs::read(&out2).expect("read streamed image"))
         }
         Kind::Erofs => {
             // The image merged with itself, by reference (the merge and the check of

@@ -409,6 +409,7 @@ fn report(
     let mut r = BuildReport {
         inodes: nodes.len() as u64,
         bytes_in: placed.bytes_in,
+        reserved_bytes: placed.reserved_bytes,
         compressor_input: placed.compressor_input,
         image_bytes: image.bytes,
         blocks: image.blocks,

@@ -534,6 +534,8 @@ pub struct BuildReport {
     pub appended_in_place: bool,
     /// In place: bytes the image grew by.
     pub appended_bytes: u64,
+    /// `--reserve-data`: bytes of the files whose space was reserved (not stored).
+    pub reserved_bytes: u64,
 }
 
 #[cfg(test)]

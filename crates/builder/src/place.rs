@@ -44,6 +44,8 @@ pub struct Placed {
     /// `--reserve-data`: each reserved file's first block, block count, source
     /// offset and zeros at the end of its last block, in block order.
     pub reserved: Vec<Reserved>,
+    /// The reserved files' bytes.
+    pub reserved_bytes: u64,
 }
 
 /// The blocks reserved for a file's data (`--reserve-data`), a line of the block map.
@@ -60,6 +62,7 @@ pub struct Reserved {
 /// The figures of [`Placed`] the build report needs.
 pub struct Stats {
     pub bytes_in: u64,
+    pub reserved_bytes: u64,
     pub compressor_input: u64,
     pub dedupe_saved: u64,
     pub fragment_bytes: u64,
@@ -70,6 +73,7 @@ impl Stats {
     pub fn of(p: &Placed) -> Stats {
         Stats {
             bytes_in: p.bytes_in,
+            reserved_bytes: p.reserved_bytes,
             compressor_input: p.compressor_input,
             dedupe_saved: p.dedupe_saved,
             fragment_bytes: p.fragment_bytes,
@@ -92,6 +96,7 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
         warnings: Vec::new(),
         blob: None,
         reserved: Vec::new(),
+        reserved_bytes: 0,
     };
     // Files on an extra device (tar index mode, layers merged by reference) only get
     // chunk indexes pointing there; a tail not on the device gets a block of its own
@@ -142,6 +147,7 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
                 .checked_add(blocks)
                 .ok_or_else(|| BuildError::TooLarge("reserved data".into()))?;
             placed.layouts[id] = Layout::Plain { startblk: blkaddr };
+            placed.reserved_bytes += size;
             placed.reserved.push(Reserved {
                 blkaddr,
                 blocks,

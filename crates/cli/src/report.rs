@@ -172,6 +172,7 @@ impl Summary<'_> {
             "verity": r.verity.as_ref().map(|v| verity_json(self.image, v)),
             "appended_in_place": r.appended_in_place,
             "appended_bytes": r.appended_bytes,
+            "reserved_bytes": r.reserved_bytes,
         })
     }
 
@@ -187,7 +188,7 @@ impl Summary<'_> {
             Some(x) => format!(", {:.1} % of bytes in", 100.0 * x),
             None => String::new(),
         };
-        let lines = [
+        let mut lines = vec![
             ("image", format!("{}", self.image.display())),
             (
                 "inodes",
@@ -217,6 +218,15 @@ impl Summary<'_> {
                     .map_or("unknown".into(), |n| format!("{}", BinaryBytes(n))),
             ),
         ];
+        if r.reserved_bytes > 0 {
+            lines.insert(
+                3,
+                (
+                    "reserved",
+                    format!("{} (not stored)", bytes(r.reserved_bytes)),
+                ),
+            );
+        }
         lines
             .iter()
             .map(|(k, v)| format!("{k:<12} {v}\n"))

@@ -1146,11 +1146,12 @@ fn reserved_data_is_filled_in_from_the_block_map() {
     // One line per non-empty regular file (hardlinks share one), contiguous from
     // block 1 in block order.
     let listing = ok(&[&"ls", &"-R", &"--json", &img]);
-    let mut nids = std::collections::BTreeSet::new();
+    let mut nids = std::collections::BTreeMap::new();
     let mut reg = 0;
     for e in json(&listing).as_array().expect("array") {
-        if e["type"] == "file" && e["size"].as_u64().expect("size") > 0 {
-            nids.insert(e["nid"].as_u64().expect("nid"));
+        let size = e["size"].as_u64().expect("size");
+        if e["type"] == "file" && size > 0 {
+            nids.insert(e["nid"].as_u64().expect("nid"), size);
             reg += 1;
         }
     }
@@ -1209,6 +1210,17 @@ fn reserved_data_is_filled_in_from_the_block_map() {
         let m = Mount::erofs(&img);
         assert_same_tree(&tree, m.path());
     }
+    // The build report counts the reserved bytes.
+    let rep = json(&ok(&[
+        &"build",
+        &"--json",
+        &"--reserve-data",
+        &"--tar",
+        &tar,
+        &dir.join("report.erofs"),
+    ]));
+    assert_eq!(rep["reserved_bytes"].as_u64(), Some(nids.values().sum::<u64>()));
+    assert_eq!(rep["bytes_in"], 0);
     // The drop-in: the same map.
     let img2 = dir.join("dropin.erofs");
     let map2 = dir.join("dropin.map");

@@ -1066,25 +1066,7 @@ fn a_headerball_gives_files_their_size_and_no_data() {
         );
     }
     // A sparse entry's map is data: a headerball cannot hold one.
-    let sp = dir.join("sparse.tar");
-    py_tar(&sp, "GNU_FORMAT", "f('a', b'x')");
-    let mut b = std::fs::read(&sp).expect("read");
-    b[156] = b'S';
-    b[148..156].fill(b' ');
-    let sum: u32 = b[..512].iter().map(|&x| u32::from(x)).sum();
-    b[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
-    std::fs::write(&sp, &b).expect("write");
-    let out = ferofs()
-        .args(["build", "-q", "--tar-headerball", "--tar"])
-        .arg(&sp)
-        .arg(dir.join("sp.erofs"))
-        .output()
-        .expect("run");
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("sparse file in a headerball"),
-        "{out:?}"
-    );
+    refuses_a_sparse_entry(dir, "--tar-headerball", "sparse file in a headerball");
 }
 
 /// The lines of a block map: (first block, blocks, source offset, zeros at the end).
@@ -1219,7 +1201,10 @@ fn reserved_data_is_filled_in_from_the_block_map() {
         &tar,
         &dir.join("report.erofs"),
     ]));
-    assert_eq!(rep["reserved_bytes"].as_u64(), Some(nids.values().sum::<u64>()));
+    assert_eq!(
+        rep["reserved_bytes"].as_u64(),
+        Some(nids.values().sum::<u64>())
+    );
     assert_eq!(rep["bytes_in"], 0);
     // The drop-in: the same map.
     let img2 = dir.join("dropin.erofs");
@@ -1262,6 +1247,11 @@ fn reserved_data_is_filled_in_from_the_block_map() {
         );
     }
     // Sparse entries have no tar offset to fill from: refused.
+    refuses_a_sparse_entry(dir, "--reserve-data", "cannot have its space reserved");
+}
+
+/// A GNU sparse (`S`) entry built with `flag` fails with `why` and leaves no image.
+fn refuses_a_sparse_entry(dir: &Path, flag: &str, why: &str) {
     let sp = dir.join("sparse.tar");
     py_tar(&sp, "GNU_FORMAT", "f('a', b'x')");
     let mut b = std::fs::read(&sp).expect("read");
@@ -1270,17 +1260,18 @@ fn reserved_data_is_filled_in_from_the_block_map() {
     let sum: u32 = b[..512].iter().map(|&x| u32::from(x)).sum();
     b[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
     std::fs::write(&sp, &b).expect("write");
+    let img = dir.join("sp.erofs");
     let out = ferofs()
-        .args(["build", "-q", "--reserve-data", "--tar"])
+        .args(["build", "-q", flag, "--tar"])
         .arg(&sp)
-        .arg(dir.join("sp.erofs"))
+        .arg(&img)
         .output()
         .expect("run");
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("cannot have its space reserved"),
-        "{}",
+        String::from_utf8_lossy(&out.stderr).contains(why),
+        "{flag}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(!dir.join("sp.erofs").exists());
+    assert!(!img.exists());
 }

@@ -1221,6 +1221,11 @@ fn reserved_data_is_filled_in_from_the_block_map() {
         &tar,
     ]);
     assert_eq!(std::fs::read_to_string(&map2).expect("read map"), text);
+    // Index mode with a map file reserves the same blocks (uncompressed: the same).
+    let mut a = std::ffi::OsString::from("--tar=i,");
+    a.push(&map2);
+    ok(&[&"mkfs", &a, &"--quiet", &img2, &tar]);
+    assert_eq!(std::fs::read_to_string(&map2).expect("read map"), text);
     // mkfs.erofs 1.9.3 reserves the same files (its blocks in its own order).
     if let Some(m) = mkfs_erofs_193() {
         let img3 = dir.join("mkfs.erofs");

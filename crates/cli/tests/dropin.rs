@@ -198,7 +198,7 @@ fn directory_command_lines_and_unimplemented_options() {
     let info = json(&ok(&[&"inspect", &"--json", &u]));
     assert!(!info.to_string().contains("lz4"), "{info}");
     // Unimplemented options fail, name the option, and leave no image.
-    for opt in ["--incremental=rvsp", "--gzinfo", "--random-algorithms"] {
+    for opt in ["--oci=i", "--gzinfo", "--random-algorithms"] {
         let img = d.path().join("x.erofs");
         let out = Command::new(&mkfs)
             .arg(opt)

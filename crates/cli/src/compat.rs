@@ -991,7 +991,16 @@ mod tests {
         // index mode with a map file: blocks of the image mapped from the tar.
         assert_eq!(
             t(&["--tar=i,m", "o", "l.tar"]).expect("translate"),
-            ["-z", "none", "--reserve-data", "--block-map", "m", "--tar", "l.tar", "o"]
+            [
+                "-z",
+                "none",
+                "--reserve-data",
+                "--block-map",
+                "m",
+                "--tar",
+                "l.tar",
+                "o"
+            ]
         );
         assert!(t(&["--clean=0", "o", "a.erofs", "b.erofs"]).is_err());
         // --tar=0 (zero-filled tar data) is not taken.

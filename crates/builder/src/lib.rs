@@ -299,7 +299,7 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     let mut placed = place::store_data(&tree, &plan, o, &mut out)?;
     // Written now, put in place with the image.
     let block_map = match &o.block_map {
-        Some(p) => Some((p, block_map(p, &placed.reserved)?)),
+        Some(p) => Some((p, block_map(p, &placed.reserved, plan.bs)?)),
         None => None,
     };
     let blob = placed.blob.take();
@@ -356,25 +356,25 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     Ok(r)
 }
 
-/// `--block-map`: the reserved files' lines in a scratch file beside `path`.
-fn block_map(path: &Path, entries: &[place::Reserved]) -> Result<tempfile::NamedTempFile> {
+/// `--block-map`: the reserved files' lines in a scratch file beside `path` (blocks
+/// of `bs` bytes).
+fn block_map(path: &Path, entries: &[place::Reserved], bs: u64) -> Result<tempfile::NamedTempFile> {
     use std::io::Write;
     let dir = out::dir_of(path);
     let t =
         cleanup::scratch(dir, ".ferofs-map-").map_err(options::io_err(dir, "block map: create"))?;
     let mut w = std::io::BufWriter::new(t.as_file());
+    let mut line = |e: &place::Reserved| {
+        // mkfs.erofs's format: hex but the zeros that end the last block, which are
+        // decimal and only there when some are.
+        write!(w, "{:08x} {:8x} {:08x}", e.blkaddr, e.blocks, e.at)?;
+        match e.blocks * bs - e.size {
+            0 => writeln!(w),
+            zeroed => writeln!(w, " {zeroed:08}"),
+        }
+    };
     for e in entries {
-        // mkfs.erofs's format: hex but the zeros at the end, which are decimal.
-        let r = if e.zeroed > 0 {
-            writeln!(
-                w,
-                "{:08x} {:8x} {:08x} {:08}",
-                e.blkaddr, e.blocks, e.at, e.zeroed
-            )
-        } else {
-            writeln!(w, "{:08x} {:8x} {:08x}", e.blkaddr, e.blocks, e.at)
-        };
-        r.map_err(options::io_err(path, "block map: write"))?;
+        line(e).map_err(options::io_err(path, "block map: write"))?;
     }
     w.flush()
         .map_err(options::io_err(path, "block map: write"))?;

@@ -41,11 +41,8 @@ pub struct Placed {
     pub warnings: Vec<String>,
     /// `--blobdev`: the blob being written and its length in blocks.
     pub blob: Option<(Out, u64)>,
-    /// `--reserve-data`: each reserved file's first block, block count, source
-    /// offset and zeros at the end of its last block, in block order.
+    /// `--reserve-data`: the reserved files, in block order.
     pub reserved: Vec<Reserved>,
-    /// The reserved files' bytes.
-    pub reserved_bytes: u64,
 }
 
 /// The blocks reserved for a file's data (`--reserve-data`), a line of the block map.
@@ -55,8 +52,8 @@ pub struct Reserved {
     pub blocks: u64,
     /// Where the data is in the source (a tar's byte offset).
     pub at: u64,
-    /// Bytes of the last block past the file's end.
-    pub zeroed: u64,
+    /// The file's size.
+    pub size: u64,
 }
 
 /// The figures of [`Placed`] the build report needs.
@@ -73,7 +70,7 @@ impl Stats {
     pub fn of(p: &Placed) -> Stats {
         Stats {
             bytes_in: p.bytes_in,
-            reserved_bytes: p.reserved_bytes,
+            reserved_bytes: p.reserved.iter().map(|r| r.size).sum(),
             compressor_input: p.compressor_input,
             dedupe_saved: p.dedupe_saved,
             fragment_bytes: p.fragment_bytes,
@@ -96,21 +93,37 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
         warnings: Vec::new(),
         blob: None,
         reserved: Vec::new(),
-        reserved_bytes: 0,
     };
-    // Files on an extra device (tar index mode, layers merged by reference) only get
-    // chunk indexes pointing there; a tail not on the device gets a block of its own
-    // at the start of the data region, in inode order.
+    // Files whose data is not written here, in inode order at the start of the data
+    // region: files on an extra device (tar index mode, layers merged by reference)
+    // only get chunk indexes pointing there, and a tail not on the device a block of
+    // its own; files of `--reserve-data` get contiguous blocks, left unwritten (the
+    // output file's holes read as zeros).
     for (id, nd) in tree.nodes.iter().enumerate() {
-        if let Kind::File {
-            src:
-                Source::External {
-                    device,
-                    blkaddr,
-                    tail,
-                },
-            size,
-        } = &nd.kind
+        let Kind::File { src, size } = &nd.kind else {
+            continue;
+        };
+        if let Source::Reserved { at } = src {
+            if *size == 0 {
+                continue;
+            }
+            let blocks = size.div_ceil(plan.bs);
+            let blkaddr = placed.end_blk;
+            placed.end_blk = blkaddr
+                .checked_add(blocks)
+                .ok_or_else(|| BuildError::TooLarge("reserved data".into()))?;
+            placed.layouts[id] = Layout::Plain { startblk: blkaddr };
+            placed.reserved.push(Reserved {
+                blkaddr,
+                blocks,
+                at: *at,
+                size: *size,
+            });
+        } else if let Source::External {
+            device,
+            blkaddr,
+            tail,
+        } = src
         {
             let tail_blk = match tail {
                 Some(f) => {
@@ -128,32 +141,6 @@ pub fn store_data(tree: &Tree, plan: &Plan, o: &BuildOptions, out: &mut Out) -> 
             };
             placed.layouts[id] = external_layout(*device, *blkaddr, *size, plan.bits, tail_blk)?;
             placed.bytes_in += size;
-        }
-    }
-    // `--reserve-data`: contiguous blocks at the start of the data region, in inode
-    // order, left unwritten (the output file's holes read as zeros).
-    for (id, nd) in tree.nodes.iter().enumerate() {
-        if let Kind::File {
-            src: Source::Reserved { at },
-            size,
-        } = &nd.kind
-        {
-            if *size == 0 {
-                continue;
-            }
-            let blocks = size.div_ceil(plan.bs);
-            let blkaddr = placed.end_blk;
-            placed.end_blk = blkaddr
-                .checked_add(blocks)
-                .ok_or_else(|| BuildError::TooLarge("reserved data".into()))?;
-            placed.layouts[id] = Layout::Plain { startblk: blkaddr };
-            placed.reserved_bytes += size;
-            placed.reserved.push(Reserved {
-                blkaddr,
-                blocks,
-                at: *at,
-                zeroed: blocks * plan.bs - size,
-            });
         }
     }
     let mut files: Vec<(usize, &crate::scan::Node, &Source, u64)> = tree

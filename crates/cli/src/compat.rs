@@ -103,6 +103,8 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
     let mut zero_fill = false;
     // `--tar=MODE,MAPFILE`.
     let mut tar_map: Option<String> = None;
+    // `-b` given.
+    let mut sized = false;
     let mut oci: Option<Vec<OsString>> = None;
     let mut s3: Option<Vec<OsString>> = None;
     let mut compress = false;
@@ -171,12 +173,12 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                 // warning, not an error: build scripts that pass it keep working. (In
                 // mkfs.erofs 1.9.3 `--zD=1` turns it off and any other value on.)
                 "zD" => zd = inline.as_deref() != Some("1"),
-                // A full build is all ferofs does (mkfs.erofs's default).
-                // Image sources: their data copied, not referred to.
-                // `rvsp`: space reserved for the file data, which is not stored
-                // (`--reserve-data`); `0`: zero-filled data.
-                // On top of the image IMAGE already holds: a new image of the stack
-                // (`--base IMAGE`), written over it.
+                // `--clean`: a full build, all ferofs does (mkfs.erofs's default);
+                // image sources have their data copied, not referred to.
+                // `--incremental`: on top of the image IMAGE already holds, a new image
+                // of the stack (`--base IMAGE`), written over it.
+                // Either with `rvsp`: space reserved for the file data, which is not
+                // stored (`--reserve-data`); with `0`: zero-filled data.
                 "clean" | "incremental" => {
                     match inline.as_deref() {
                         None | Some("data") => {}
@@ -233,12 +235,10 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                     v => bail!("mkfs.erofs: --sort={v}: expected path or none"),
                 },
                 "tar" => {
-                    let mut v = inline.clone().unwrap_or_else(|| "f".into());
-                    if let Some((mode, map)) = v.clone().split_once(',') {
-                        v = mode.into();
-                        tar_map = (!map.is_empty()).then(|| map.into());
-                    }
-                    tar = Some(match v.as_str() {
+                    let v = inline.clone().unwrap_or_else(|| "f".into());
+                    let (v, map) = v.split_once(',').unwrap_or((&v, ""));
+                    tar_map = (!map.is_empty()).then(|| map.into());
+                    tar = Some(match v {
                         "f" => 'f',
                         "i" => 'i',
                         "headerball" => 'h',
@@ -310,6 +310,7 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
                 'C' => pcluster = Some(value()?),
                 'E' => extended.push(value()?),
                 'b' | 'L' | 'U' | 'T' => {
+                    sized |= opt == 'b';
                     out.push(format!("-{opt}").into());
                     out.push(value()?.into());
                 }
@@ -490,9 +491,6 @@ pub fn mkfs_to_build(args: &[OsString]) -> Result<Vec<OsString>> {
             if reserve {
                 out.push("--reserve-data".into());
                 // Index mode without a map file: mkfs.erofs's 512-byte blocks.
-                let sized = out
-                    .iter()
-                    .any(|a| a.to_str().is_some_and(|a| a.starts_with("-b")));
                 if mode == 'i' && tar_map.is_none() && !sized {
                     out.extend(["-b".into(), "512".into()]);
                 }

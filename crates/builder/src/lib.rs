@@ -368,7 +368,7 @@ fn block_map(path: &Path, entries: &[place::Reserved], bs: u64) -> Result<tempfi
         // mkfs.erofs's format: hex but the zeros that end the last block, which are
         // decimal and only there when some are.
         write!(w, "{:08x} {:8x} {:08x}", e.blkaddr, e.blocks, e.at)?;
-        match e.blocks * bs - e.size {
+        match (bs - e.size % bs) % bs {
             0 => writeln!(w),
             zeroed => writeln!(w, " {zeroed:08}"),
         }

@@ -6,8 +6,9 @@
 //! and walks; an EROFS image is also merged with itself by reference, and takes a small
 //! layer in place (an image the reader walks, or the file as it was). A tar is built twice: read in place, and gzipped (read as a stream, its
 //! file contents spooled); both must fail, or give the same image; and as a headerball
-//! (headers only: an error, or an image the reader walks); and with its files' space
-//! reserved (an error, or an image whose block map points inside it and the tar).
+//! (headers only: an error, or an image the reader walks). Every input is also built with
+//! its files' space reserved (an error, or an image whose block map points inside it,
+//! and for a plain tar inside the tar).
 
 use ferofs_builder::{BuildOptions, TarInput};
 
@@ -69,43 +70,17 @@ pub fn run(kind: Kind, data: &[u8]) {
                 }
                 Err(_) => assert!(!hb.exists(), "a failed build left its output behind"),
             }
-            // With the data's space reserved: an error and no output, or an image the
-            // reader walks whose block map points inside the image and the tar.
-            let rv = dir.path().join("reserved.erofs");
-            let map = dir.path().join("reserved.map");
-            let o4 = BuildOptions {
-                reserve_data: true,
-                block_map: Some(map.clone()),
-                ..opts.clone()
-            };
-            match ferofs_builder::build_from_tars(&[TarInput::File(input.clone())], &rv, &o4) {
-                Ok(_) => {
-                    let b = std::fs::read(&rv).expect("read reserved image");
-                    let len = b.len() as u64;
-                    let text = std::fs::read_to_string(&map).expect("read block map");
-                    for l in text.lines() {
-                        let f: Vec<&str> = l.split_whitespace().collect();
-                        let hex = |s: &str| u64::from_str_radix(s, 16).expect("hex");
-                        let (blk, n, at) = (hex(f[0]), hex(f[1]), hex(f[2]));
-                        let zeroed: u64 = f.get(3).map_or(0, |z| z.parse().expect("decimal"));
-                        assert!((blk + n) * 4096 <= len, "{l}: beyond the image");
-                        // (Offsets are in the decompressed stream.)
-                        assert!(
-                            !plain || at + n * 4096 - zeroed <= data.len() as u64,
-                            "{l}: beyond the tar"
-                        );
-                    }
-                    let img = ferofs_reader::Image::new(b).expect("the reader opens it");
-                    crate::walk_all(&img, len);
-                }
-                Err(_) => assert!(
-                    !rv.exists() && !map.exists(),
-                    "a failed build left its output behind"
-                ),
-            }
+            // With the data's space reserved (offsets are in the decompressed stream).
+            reserved(&dir, &opts, plain.then_some(data.len() as u64), |o, out| {
+                ferofs_builder::build_from_tars(&[TarInput::File(input.clone())], out, o)
+            });
             (plain && r2.is_ok()).then(|| std::fs::read(&out2).expect("read streamed image"))
         }
         Kind::Erofs => {
+            // Reserved: sizes come from the hostile image, unchecked by reading data.
+            reserved(&dir, &opts, None, |o, out| {
+                ferofs_builder::build_from_erofs(&input, out, o)
+            });
             // The image merged with itself, by reference (the merge and the check of
             // which files lie in one piece see the hostile image too): an error and no
             // output, or an image the reader opens.
@@ -145,7 +120,12 @@ pub fn run(kind: Kind, data: &[u8]) {
             }
             None
         }
-        Kind::Squashfs => None,
+        Kind::Squashfs => {
+            reserved(&dir, &opts, None, |o, out| {
+                ferofs_builder::build_from_squashfs(&input, out, o)
+            });
+            None
+        }
     };
     if r.is_err() {
         assert!(!out.exists(), "a failed build left its output behind");
@@ -158,4 +138,51 @@ pub fn run(kind: Kind, data: &[u8]) {
     let len = image.len() as u64;
     let img = ferofs_reader::Image::new(image).expect("the reader opens a built image");
     crate::walk_all(&img, len);
+}
+
+/// A build with the files' space reserved (`--reserve-data --block-map`): an error and
+/// no output, or an image the reader walks whose block map points inside it (and, with
+/// `source_len`, inside the source).
+fn reserved<T>(
+    dir: &tempfile::TempDir,
+    opts: &BuildOptions,
+    source_len: Option<u64>,
+    build: impl Fn(&BuildOptions, &std::path::Path) -> Result<T, ferofs_builder::BuildError>,
+) {
+    let rv = dir.path().join("reserved.erofs");
+    let map = dir.path().join("reserved.map");
+    let o = BuildOptions {
+        reserve_data: true,
+        block_map: Some(map.clone()),
+        ..opts.clone()
+    };
+    match build(&o, &rv) {
+        Ok(_) => {
+            let b = std::fs::read(&rv).expect("read reserved image");
+            let len = b.len() as u64;
+            let text = std::fs::read_to_string(&map).expect("read block map");
+            for l in text.lines() {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let hex = |s: &str| u64::from_str_radix(s, 16).expect("hex");
+                let (blk, n, at) = (hex(f[0]), hex(f[1]), hex(f[2]));
+                let zeroed: u64 = f.get(3).map_or(0, |z| z.parse().expect("decimal"));
+                let end = blk.checked_add(n).and_then(|e| e.checked_mul(4096));
+                assert!(end.is_some_and(|e| e <= len), "{l}: beyond the image");
+                if let Some(s) = source_len {
+                    let end = n
+                        .checked_mul(4096)
+                        .and_then(|d| d.checked_sub(zeroed))
+                        .and_then(|d| d.checked_add(at));
+                    assert!(end.is_some_and(|e| e <= s), "{l}: beyond the source");
+                }
+            }
+            let img = ferofs_reader::Image::new(b).expect("the reader opens it");
+            crate::walk_all(&img, len);
+        }
+        Err(_) => assert!(
+            !rv.exists() && !map.exists(),
+            "a failed build left its output behind"
+        ),
+    }
+    let _ = std::fs::remove_file(&rv);
 }

@@ -120,6 +120,11 @@ impl Tree {
         // Bounded: each step compares at least one byte of a file of known size, or
         // stops at a short read.
         while off < a.size {
+            // Holes on both sides are equal without reading their zeros.
+            if let Some(end) = ra.hole_end(ca, off).min(rb.hole_end(cb, off)) {
+                off = end;
+                continue;
+            }
             let n = usize::try_from(a.size - off).map_or(CHUNK, |l| l.min(CHUNK));
             ra.read_exact(ca, off, &mut ba[..n])?;
             rb.read_exact(cb, off, &mut bb[..n])?;
@@ -149,6 +154,15 @@ impl<'a> Content<'a> {
             }
             _ => bail!("internal: image node without inode"),
         })
+    }
+
+    /// Where a hole at `off` of an image's file ends (None: data there, an error, or
+    /// a file of a directory, read as it is).
+    fn hole_end(&self, ctx: &mut ReadCtx, off: u64) -> Option<u64> {
+        match self {
+            Content::Image(img, ino, _) => img.hole_end(ctx, ino, off).ok().flatten(),
+            Content::File(..) => None,
+        }
     }
 
     fn read_exact(&mut self, ctx: &mut ReadCtx, off: u64, buf: &mut [u8]) -> Result<()> {

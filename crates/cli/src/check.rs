@@ -305,6 +305,9 @@ pub struct Summary {
     /// Inodes in the metabox with both inline and shared xattrs: valid, but Linux
     /// 6.17-6.18 (and erofsfuse 1.9.3) can miss the shared ones (a stale buffer).
     pub metabox_mixed_xattrs: u64,
+    /// Content fingerprints not checked: their files have more than
+    /// [`MAX_FINGERPRINT_HOLES`] bytes of holes.
+    pub fingerprints_unverified: u64,
 }
 
 /// An inode found by the walk, with every path that names it.
@@ -318,19 +321,49 @@ struct Found {
 /// inside another's), so two such ranges may overlap in part.
 type DataRange = (u64, u64, u64, bool);
 
-/// What one inode's check gives: problems, data byte ranges, the inode record's byte
-/// range (start, end, nid), bytes read.
-/// The last: whether it is a metabox inode with inline and shared xattrs.
-/// Problems, data ranges, the inode record's range, bytes read (holes included), bytes
-/// in holes, metabox inode with mixed xattrs.
-type InodeResult = (
-    Vec<Problem>,
-    Vec<DataRange>,
-    Option<(u64, u64, u64)>,
-    u64,
-    u64,
-    bool,
-);
+/// What one inode's check gives.
+#[derive(Default)]
+struct InodeResult {
+    probs: Vec<Problem>,
+    ranges: Vec<DataRange>,
+    /// The inode record's byte range (start, end, nid).
+    record: Option<(u64, u64, u64)>,
+    /// Bytes of file data read, holes included.
+    read: u64,
+    /// Of those, bytes in holes.
+    holes: u64,
+    /// A metabox inode with inline and shared xattrs.
+    mixed: bool,
+    /// A content fingerprint not checked: its file has more than
+    /// [`MAX_FINGERPRINT_HOLES`] bytes of holes.
+    unverified: bool,
+}
+
+/// Whether `ino` has at most `limit` bytes of holes, by its map (no data read); false
+/// when the map cannot be read to the end (the read reports that).
+fn hole_bytes_at_most(img: &Image, ctx: &mut ReadCtx, ino: &Inode, limit: u64) -> bool {
+    let (mut pos, mut holes) = (0u64, 0u64);
+    // Bounded: every run ends past its start (or the walk stops), up to the size.
+    while pos < ino.size {
+        match img.run_end(ctx, ino, pos) {
+            Ok((end, hole)) if end > pos => {
+                if hole {
+                    holes += end - pos;
+                    if holes > limit {
+                        return false;
+                    }
+                }
+                pos = end;
+            }
+            _ => return true,
+        }
+    }
+    true
+}
+
+/// The most bytes of holes a file's content fingerprint is checked over (their zeros
+/// are hashed: about a minute of SHA-256); a hostile image can claim petabytes.
+const MAX_FINGERPRINT_HOLES: u64 = 64 << 30;
 
 /// Result of a whole check.
 pub struct Report {
@@ -733,13 +766,14 @@ pub fn check_image(
         .collect();
     let mut ranges: Vec<DataRange> = Vec::new();
     let mut records: Vec<(u64, u64, u64)> = Vec::new();
-    for (p, r, rec, n, holes, mixed) in results {
-        problems.extend(p);
-        ranges.extend(r);
-        records.extend(rec);
-        summary.bytes_read += n;
-        summary.hole_bytes += holes;
-        summary.metabox_mixed_xattrs += u64::from(mixed);
+    for r in results {
+        problems.extend(r.probs);
+        ranges.extend(r.ranges);
+        records.extend(r.record);
+        summary.bytes_read += r.read;
+        summary.hole_bytes += r.holes;
+        summary.metabox_mixed_xattrs += u64::from(r.mixed);
+        summary.fingerprints_unverified += u64::from(r.unverified);
     }
 
     let watched = owners(&ranges, &items, watch);
@@ -854,6 +888,7 @@ fn check_inode(
     }
     let mut read = 0u64;
     let mut holes = 0u64;
+    let mut unverified = false;
     if ino.is_symlink() {
         match img.read_link(ino) {
             Ok(_) => {}
@@ -878,6 +913,13 @@ fn check_inode(
                 None
             }
         };
+        // Too many holes to hash their zeros: the fingerprint is not checked (found
+        // from the map alone, before any hashing).
+        let fingerprint = fingerprint.filter(|_| {
+            let ok = hole_bytes_at_most(img, ctx, ino, MAX_FINGERPRINT_HOLES);
+            unverified = !ok;
+            ok
+        });
         let mut hash = fingerprint
             .as_ref()
             .map(|_| <sha2::Sha256 as sha2::Digest>::new());
@@ -885,13 +927,28 @@ fn check_inode(
         while read < ino.size {
             // A hole holds no bytes to verify (its mapping was checked above): skipped,
             // so that a file of terabytes of holes costs its map, not its size. A
-            // fingerprint needs its zeros. (An error is left to the read below.)
-            if hash.is_none() {
-                if let Ok(Some(end)) = img.hole_end(ctx, ino, read) {
-                    holes += end - read;
-                    read = end;
-                    continue;
+            // fingerprint needs its zeros, up to a bound. (An error is left to the
+            // read below.)
+            if let Ok(Some(end)) = img.hole_end(ctx, ino, read) {
+                let len = end - read;
+                match hash.as_mut() {
+                    // (The map was read once already: the bound only guards against
+                    // a reader that answers differently now.)
+                    Some(h) if holes + len <= MAX_FINGERPRINT_HOLES && !buf.is_empty() => {
+                        buf.fill(0);
+                        let mut left = len;
+                        // Bounded: each turn hashes buf.len() > 0 bytes or the rest.
+                        while left > 0 {
+                            let n = usize::try_from(left).map_or(buf.len(), |l| l.min(buf.len()));
+                            sha2::Digest::update(h, &buf[..n]);
+                            left -= n as u64;
+                        }
+                    }
+                    _ => unverified |= hash.take().is_some(),
                 }
+                holes += len;
+                read = end;
+                continue;
             }
             match img.read_at_with(ctx, ino, read, buf) {
                 Ok(0) => {
@@ -945,8 +1002,15 @@ fn check_inode(
             }
         }
     }
-    let record = img.inode_record(ino).map(|(s, e)| (s, e, ino.nid));
-    (probs, ranges, record, read, holes, mixed)
+    InodeResult {
+        probs,
+        ranges,
+        record: img.inode_record(ino).map(|(s, e)| (s, e, ino.nid)),
+        read,
+        holes,
+        mixed,
+        unverified,
+    }
 }
 
 /// Partial overlaps between byte ranges of different inodes, and between data and
@@ -1242,6 +1306,7 @@ pub fn run(a: CheckArgs) -> Result<bool> {
                 "hole_bytes": s.hole_bytes,
                 "data_ranges": s.ranges,
                 "metabox_mixed_xattrs": s.metabox_mixed_xattrs,
+                "fingerprints_unverified": s.fingerprints_unverified,
                 "verity": verity.as_ref().map(|v| json!({
                     "root_hash": crate::fmt::hex(&v.root),
                     "hash_offset": v.hash_offset,
@@ -1270,6 +1335,24 @@ pub fn run(a: CheckArgs) -> Result<bool> {
                 } else {
                     "have"
                 },
+            )?;
+        }
+        if s.fingerprints_unverified > 0 {
+            writeln!(
+                out,
+                "note: {} content fingerprint{} not checked: {} more than {} GiB of holes",
+                s.fingerprints_unverified,
+                if s.fingerprints_unverified == 1 {
+                    ""
+                } else {
+                    "s"
+                },
+                if s.fingerprints_unverified == 1 {
+                    "its file has"
+                } else {
+                    "their files have"
+                },
+                MAX_FINGERPRINT_HOLES >> 30,
             )?;
         }
         let tree = verity.as_ref().map_or(String::new(), |v| {

@@ -512,4 +512,33 @@ fn holes_are_checked_by_their_map_not_read() {
     );
     let out = run(&[&"diff", &img, &img]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
+
+    // A content fingerprint over holes: their zeros are hashed (without reading
+    // them), and a changed data byte is still found.
+    let src = d.path().join("fp");
+    fs::create_dir(&src).expect("mkdir");
+    let size: u64 = 256 << 20;
+    {
+        use std::os::unix::fs::FileExt;
+        let f = fs::File::create(src.join("one.img")).expect("create");
+        f.set_len(size).expect("set_len");
+        f.write_all_at(b"end\n", size - 4).expect("write");
+    }
+    let img = d.path().join("fp.erofs");
+    build(&src, &img, &["-z", "none", "--xattr-inode-digest"]);
+    let (code, probs, sum) = check_with(&img, &[]);
+    assert_eq!((code, probs.len()), (0, 0), "{probs:#?}");
+    assert_eq!(sum["bytes_read"].as_u64(), Some(size), "{sum}");
+    assert!(
+        sum["hole_bytes"].as_u64() > Some(size - (64 << 20)),
+        "{sum}"
+    );
+    assert_eq!(sum["fingerprints_unverified"].as_u64(), Some(0), "{sum}");
+    let mut b = fs::read(&img).expect("read");
+    let at = b.windows(4).position(|w| w == b"end\n").expect("the data");
+    b[at + 2] = b'D';
+    fs::write(&img, &b).expect("write");
+    let (code, probs, _) = check_with(&img, &[]);
+    assert_eq!((code, probs.len()), (1, 1), "{probs:#?}");
+    assert_eq!(probs[0]["kind"], "Fingerprint", "{probs:#?}");
 }

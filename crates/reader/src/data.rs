@@ -311,13 +311,20 @@ impl<S: Source> Image<S> {
                 break;
             }
             let next = if ino.layout.is_compressed() {
-                self.z_hole_end(ctx, ino, end)?
+                self.z_hole_end(ctx, ino, end)
             } else {
-                let run = self.map_flat(ino, end)?;
-                match run.src {
+                self.map_flat(ino, end).map(|run| match run.src {
                     Src::Hole => Some(run.start.saturating_add(run.len)),
                     _ => None,
-                }
+                })
+            };
+            // A mapping that fails after a hole: the hole so far, and the error is the
+            // next read's (callers read there, so it is not lost). Returning it now
+            // would make a caller read the whole hole to reach it.
+            let next = match next {
+                Ok(n) => n,
+                Err(_) if end > pos => break,
+                Err(e) => return Err(e),
             };
             match next {
                 Some(e) if e > end => end = e.min(ino.size),

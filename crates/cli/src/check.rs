@@ -361,6 +361,17 @@ fn hole_bytes_at_most(img: &Image, ctx: &mut ReadCtx, ino: &Inode, limit: u64) -
     true
 }
 
+/// Feed `len` zero bytes to `h` (a hole under a content fingerprint).
+fn hash_zeros(h: &mut sha2::Sha256, mut len: u64) {
+    static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+    // Bounded: each turn hashes a whole block of zeros or the rest.
+    while len > 0 {
+        let n = usize::try_from(len).map_or(ZEROS.len(), |l| l.min(ZEROS.len()));
+        sha2::Digest::update(h, &ZEROS[..n]);
+        len -= n as u64;
+    }
+}
+
 /// The most bytes of holes a file's content fingerprint is checked over (their zeros
 /// are hashed: about a minute of SHA-256); a hostile image can claim petabytes.
 const MAX_FINGERPRINT_HOLES: u64 = 64 << 30;
@@ -915,11 +926,9 @@ fn check_inode(
         };
         // Too many holes to hash their zeros: the fingerprint is not checked (found
         // from the map alone, before any hashing).
-        let fingerprint = fingerprint.filter(|_| {
-            let ok = hole_bytes_at_most(img, ctx, ino, MAX_FINGERPRINT_HOLES);
-            unverified = !ok;
-            ok
-        });
+        unverified =
+            fingerprint.is_some() && !hole_bytes_at_most(img, ctx, ino, MAX_FINGERPRINT_HOLES);
+        let fingerprint = fingerprint.filter(|_| !unverified);
         let mut hash = fingerprint
             .as_ref()
             .map(|_| <sha2::Sha256 as sha2::Digest>::new());
@@ -927,26 +936,13 @@ fn check_inode(
         while read < ino.size {
             // A hole holds no bytes to verify (its mapping was checked above): skipped,
             // so that a file of terabytes of holes costs its map, not its size. A
-            // fingerprint needs its zeros, up to a bound. (An error is left to the
-            // read below.)
+            // fingerprint needs its zeros (at most MAX_FINGERPRINT_HOLES of them, by
+            // the map walk above). (An error is left to the read below.)
             if let Ok(Some(end)) = img.hole_end(ctx, ino, read) {
-                let len = end - read;
-                match hash.as_mut() {
-                    // (The map was read once already: the bound only guards against
-                    // a reader that answers differently now.)
-                    Some(h) if holes + len <= MAX_FINGERPRINT_HOLES && !buf.is_empty() => {
-                        buf.fill(0);
-                        let mut left = len;
-                        // Bounded: each turn hashes buf.len() > 0 bytes or the rest.
-                        while left > 0 {
-                            let n = usize::try_from(left).map_or(buf.len(), |l| l.min(buf.len()));
-                            sha2::Digest::update(h, &buf[..n]);
-                            left -= n as u64;
-                        }
-                    }
-                    _ => unverified |= hash.take().is_some(),
+                if let Some(h) = hash.as_mut() {
+                    hash_zeros(h, end - read);
                 }
-                holes += len;
+                holes += end - read;
                 read = end;
                 continue;
             }

@@ -120,8 +120,12 @@ impl Tree {
         // Bounded: each step compares at least one byte of a file of known size, or
         // stops at a short read.
         while off < a.size {
-            // Holes on both sides are equal without reading their zeros.
-            if let Some(end) = ra.hole_end(ca, off).min(rb.hole_end(cb, off)) {
+            // Holes on both sides are equal without reading their zeros (the second
+            // map is only asked when the first has a hole).
+            let both = ra
+                .hole_end(ca, off)
+                .and_then(|ea| rb.hole_end(cb, off).map(|eb| ea.min(eb)));
+            if let Some(end) = both {
                 off = end;
                 continue;
             }

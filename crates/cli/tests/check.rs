@@ -472,6 +472,16 @@ fn clean_images_report_nothing() {
     }
 }
 
+/// A directory `dir` holding one sparse file `name` of `size` bytes: holes, then
+/// "end\n" as its last 4 bytes.
+fn sparse_tree(dir: &Path, name: &str, size: u64) {
+    use std::os::unix::fs::FileExt;
+    fs::create_dir(dir).expect("mkdir");
+    let f = fs::File::create(dir.join(name)).expect("create");
+    f.set_len(size).expect("set_len (sparse)");
+    f.write_all_at(b"end\n", size - 4).expect("write");
+}
+
 /// A file of a terabyte of holes and 4 bytes: `check` verifies the holes by their
 /// map and reads only the data (it once filled a buffer with zeros for every byte of
 /// a hole: a hostile 25 KB image claiming a 124 TB sparse file kept it busy for
@@ -480,14 +490,8 @@ fn clean_images_report_nothing() {
 fn holes_are_checked_by_their_map_not_read() {
     let d = ferofs_testkit::scratch("check-holes");
     let src = d.path().join("src");
-    fs::create_dir(&src).expect("mkdir");
     let size: u64 = 1 << 40;
-    {
-        use std::os::unix::fs::FileExt;
-        let f = fs::File::create(src.join("disk.img")).expect("create");
-        f.set_len(size).expect("set_len 1 TiB (sparse)");
-        f.write_all_at(b"end\n", size - 4).expect("write");
-    }
+    sparse_tree(&src, "disk.img", size);
     let img = d.path().join("holes.erofs");
     build(&src, &img, &["-z", "none"]);
     // The holes by the reader's extent list (another walk of the same map).
@@ -516,14 +520,8 @@ fn holes_are_checked_by_their_map_not_read() {
     // A content fingerprint over holes: their zeros are hashed (without reading
     // them), and a changed data byte is still found.
     let src = d.path().join("fp");
-    fs::create_dir(&src).expect("mkdir");
     let size: u64 = 256 << 20;
-    {
-        use std::os::unix::fs::FileExt;
-        let f = fs::File::create(src.join("one.img")).expect("create");
-        f.set_len(size).expect("set_len");
-        f.write_all_at(b"end\n", size - 4).expect("write");
-    }
+    sparse_tree(&src, "one.img", size);
     let img = d.path().join("fp.erofs");
     build(&src, &img, &["-z", "none", "--xattr-inode-digest"]);
     let (code, probs, sum) = check_with(&img, &[]);

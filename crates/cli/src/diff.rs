@@ -22,9 +22,9 @@ use serde_json::{json, Value};
 use std::cmp::Ordering;
 use std::ffi::OsStr;
 use std::fs;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 #[derive(Args)]
@@ -123,8 +123,8 @@ impl Tree {
             // Holes on both sides are equal without reading their zeros (the second
             // map is only asked when the first has a hole).
             let both = ra
-                .hole_end(ca, off)
-                .and_then(|ea| rb.hole_end(cb, off).map(|eb| ea.min(eb)));
+                .hole_end(ca, off, a.size)
+                .and_then(|ea| rb.hole_end(cb, off, a.size).map(|eb| ea.min(eb)));
             if let Some(end) = both {
                 off = end;
                 continue;
@@ -160,12 +160,21 @@ impl<'a> Content<'a> {
         })
     }
 
-    /// Where a hole at `off` of an image's file ends (None: data there, an error, or
-    /// a file of a directory, read as it is).
-    fn hole_end(&self, ctx: &mut ReadCtx, off: u64) -> Option<u64> {
+    /// Where a hole at `off` ends (None: data there, or an error: the bytes are then
+    /// read). A directory's file asks its filesystem (SEEK_DATA): a hole ends at the
+    /// next data or, with none after `off`, at `size`.
+    fn hole_end(&self, ctx: &mut ReadCtx, off: u64, size: u64) -> Option<u64> {
         match self {
             Content::Image(img, ino, _) => img.hole_end(ctx, ino, off).ok().flatten(),
-            Content::File(..) => None,
+            Content::File(f, _) => {
+                use rustix::fs::{seek, SeekFrom};
+                match seek(f, SeekFrom::Data(off)) {
+                    Ok(d) => (d > off).then_some(d.min(size)),
+                    // ENXIO: no data at or after `off`, all holes to the end.
+                    Err(rustix::io::Errno::NXIO) => Some(size),
+                    Err(_) => None,
+                }
+            }
         }
     }
 
@@ -187,7 +196,7 @@ impl<'a> Content<'a> {
                 Ok(())
             }
             Content::File(f, p) => f
-                .read_exact(buf)
+                .read_exact_at(buf, off)
                 .with_context(|| format!("read {} at offset {off}", p.display())),
         }
     }

@@ -213,7 +213,58 @@ fn assert_same_stats(kernel: &Path, fuse: &Path) {
     assert_eq!(f(&ka), f(&fb), "statvfs differs");
 }
 
-/// Kernel mount and FUSE mount of `img` show the same tree and the same stats.
+/// A file's data ranges and the errno of SEEK_DATA at its size.
+type SeekMap = (Vec<(u64, u64)>, Option<i32>);
+
+/// Each regular file's data ranges as `lseek(SEEK_DATA)` and `lseek(SEEK_HOLE)`
+/// report them, alternately from offset 0, and what SEEK_DATA at the size answers.
+fn seek_maps(root: &Path) -> BTreeMap<PathBuf, SeekMap> {
+    use rustix::fs::{seek, SeekFrom};
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    // Bounded by the tree.
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).expect("readdir").flatten() {
+            let ft = e.file_type().expect("type");
+            if ft.is_dir() {
+                stack.push(e.path());
+                continue;
+            }
+            if !ft.is_file() {
+                continue;
+            }
+            let f = fs::File::open(e.path()).expect("open");
+            let size = f.metadata().expect("fstat").len();
+            let mut segs = Vec::new();
+            let mut off = 0u64;
+            // Bounded: each turn moves past one data range.
+            while off < size {
+                let d = match seek(&f, SeekFrom::Data(off)) {
+                    Ok(d) => d,
+                    Err(rustix::io::Errno::NXIO) => break,
+                    Err(e) => panic!("SEEK_DATA {}: {e}", off),
+                };
+                let h = seek(&f, SeekFrom::Hole(d)).expect("SEEK_HOLE");
+                assert!(
+                    h > d && h <= size,
+                    "{}: data {d} hole {h}",
+                    e.path().display()
+                );
+                segs.push((d, h));
+                off = h;
+            }
+            let past = seek(&f, SeekFrom::Data(size))
+                .err()
+                .map(|e| e.raw_os_error());
+            let rel = e.path().strip_prefix(root).expect("rel").to_path_buf();
+            out.insert(rel, (segs, past));
+        }
+    }
+    out
+}
+
+/// Kernel mount and FUSE mount of `img` show the same tree, the same stats and the
+/// same holes (SEEK_DATA / SEEK_HOLE).
 fn fuse_equals_kernel(img: &Path, what: &str) {
     let k = Mount::erofs(img);
     let m = Fuse::new(img, &[]);
@@ -225,6 +276,18 @@ fn fuse_equals_kernel(img: &Path, what: &str) {
         treecmp(k.path(), m.path())
     );
     assert_same_stats(k.path(), m.path());
+    let (sk, sm) = (seek_maps(k.path()), seek_maps(m.path()));
+    let diffs: Vec<String> = sk
+        .iter()
+        .filter(|(p, v)| sm.get(*p) != Some(v))
+        .take(5)
+        .map(|(p, v)| format!("{}: kernel {v:?} fuse {:?}", p.display(), sm.get(p)))
+        .collect();
+    assert!(
+        diffs.is_empty(),
+        "{what}: holes differ:\n{}",
+        diffs.join("\n")
+    );
     m.unmount();
 }
 
@@ -326,6 +389,46 @@ fn built_images_equal_kernel() {
             assert_eq!(digest(k.path()), digest(m.path()), "--offset mount differs");
             m.unmount();
         }
+    }
+}
+
+/// SEEK_DATA and SEEK_HOLE through the FUSE mount follow the file's map: make-tree's
+/// 100 MiB sparse file shows its five data extents and little more, the hole-only file
+/// no data (ENXIO from 0), a file without holes one range; past the end is ENXIO, and
+/// other files answer as the kernel does (`fuse_equals_kernel`).
+#[test]
+fn seek_data_and_hole_follow_the_map() {
+    if !fuse_available("seek_data_and_hole_follow_the_map") {
+        return;
+    }
+    let (fs_, tree) = make_tree();
+    for (name, args) in [
+        ("none", &["-z", "none"][..]),
+        ("lz4hc", &["-z", "lz4hc", "-C", "65536"][..]),
+    ] {
+        let img = fs_.path().join(format!("{name}.erofs"));
+        build(&tree, &img, args);
+        let m = Fuse::new(&img, &[]);
+        let maps = seek_maps(m.path());
+        let (segs, past) = &maps[Path::new("data/sparse-100MiB.img")];
+        let mib = 1u64 << 20;
+        let data: u64 = segs.iter().map(|(a, b)| b - a).sum();
+        assert!(data < 4 * mib, "{name}: {data} bytes of data: {segs:?}");
+        for at in [0, mib + 100, 33 * mib, 77 * mib - 2048, 100 * mib - 1000] {
+            assert!(
+                segs.iter().any(|&(a, b)| (a..b).contains(&at)),
+                "{name}: data at {at} not in {segs:?}"
+            );
+        }
+        assert_eq!(*past, Some(libc::ENXIO), "{name}");
+        let (segs, _) = &maps[Path::new("data/sparse-hole-only.img")];
+        assert!(segs.is_empty(), "{name}: {segs:?}");
+        // A file with no hole: one range, all of it.
+        let p = Path::new("data/compressible-3MiB.txt");
+        let (segs, _) = &maps[p];
+        let size = fs::metadata(m.path().join(p)).expect("stat").len();
+        assert_eq!(segs, &vec![(0, size)], "{name}");
+        m.unmount();
     }
 }
 

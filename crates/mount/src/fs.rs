@@ -12,7 +12,8 @@ use ferofs_reader::{DirEntry, Error, Image, Inode, ReadCtx, Source, SpanKind};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyXattr,
+    Request,
 };
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
@@ -114,6 +115,7 @@ fn errno_of(e: &Error) -> i32 {
 mod libc_errno {
     pub const ENOENT: i32 = 2;
     pub const EIO: i32 = 5;
+    pub const ENXIO: i32 = 6;
     pub const ENOTDIR: i32 = 20;
     pub const EINVAL: i32 = 22;
     pub const EOPNOTSUPP: i32 = 95;
@@ -899,6 +901,48 @@ impl<S: Source + 'static> Filesystem for ErofsFs<S> {
                 *buf = Vec::new();
             }
         });
+    }
+
+    /// SEEK_DATA and SEEK_HOLE by the file's map (the kernel answers the other
+    /// whences itself): `cp`, `tar --sparse` and `qemu-img` skip holes instead of
+    /// reading their zeros.
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        const SEEK_DATA: i32 = 3;
+        const SEEK_HOLE: i32 = 4;
+        let r = guarded(|| {
+            let sh = &self.shared;
+            let nid = sh.nid_of(ino.0);
+            let i = sh.inode(nid)?;
+            let off = u64::try_from(offset).map_err(|_| libc_errno::EINVAL)?;
+            if !i.is_regular() || !matches!(whence, SEEK_DATA | SEEK_HOLE) {
+                return Err(libc_errno::EINVAL);
+            }
+            if off >= i.size {
+                return Err(libc_errno::ENXIO);
+            }
+            let at = with_ctx(|c| {
+                if whence == SEEK_DATA {
+                    sh.img.seek_data(c, &i, off)
+                } else {
+                    sh.img.seek_hole(c, &i, off).map(Some)
+                }
+            })?
+            .map_err(|e| sh.fail("lseek", nid, &e))?
+            .ok_or(libc_errno::ENXIO)?;
+            i64::try_from(at).map_err(|_| libc_errno::EINVAL)
+        });
+        match r {
+            Ok(at) => reply.offset(at),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn release(

@@ -67,6 +67,9 @@ impl fmt::Display for Extent {
 
 /// Most mapping runs [`Image::hole_end`] merges in one call.
 pub const MAX_HOLE_RUNS: usize = 1 << 16;
+/// Mapping runs one [`Image::seek_data`] or [`Image::seek_hole`] looks at, at most
+/// (a few seconds of chunk indexes on a hostile image).
+pub const MAX_SEEK_RUNS: usize = 1 << 22;
 
 /// [`Image::read_to_vec_limited`] grows its buffer this much at a time.
 const READ_TO_VEC_STEP: u64 = 4 << 20;
@@ -332,6 +335,43 @@ impl<S: Source> Image<S> {
             }
         }
         Ok((end > pos).then_some(end))
+    }
+
+    /// `lseek(SEEK_DATA)`: the first offset at or after `pos` that is not in a hole,
+    /// None when only holes follow (or `pos` is at or past the end). After
+    /// [`MAX_SEEK_RUNS`] mapping runs the offset reached is called data (reads there
+    /// return what is there: holes may always be reported as data).
+    pub fn seek_data(&self, ctx: &mut ReadCtx, ino: &Inode, pos: u64) -> Result<Option<u64>> {
+        let mut at = pos;
+        // Each call merges up to MAX_HOLE_RUNS runs.
+        for _ in 0..MAX_SEEK_RUNS / MAX_HOLE_RUNS {
+            if at >= ino.size {
+                return Ok(None);
+            }
+            match self.hole_end(ctx, ino, at)? {
+                Some(e) if e > at => at = e,
+                _ => return Ok(Some(at)),
+            }
+        }
+        Ok(Some(at))
+    }
+
+    /// `lseek(SEEK_HOLE)`: the first offset at or after `pos` (< size) in a hole, or the
+    /// size (the end of a file counts as a hole). After [`MAX_SEEK_RUNS`] runs of data
+    /// the size is answered (the rest is then read as data, which it may be).
+    pub fn seek_hole(&self, ctx: &mut ReadCtx, ino: &Inode, pos: u64) -> Result<u64> {
+        let mut at = pos;
+        for _ in 0..MAX_SEEK_RUNS {
+            if at >= ino.size {
+                return Ok(ino.size);
+            }
+            let (end, hole) = self.run_end(ctx, ino, at)?;
+            if hole {
+                return Ok(at);
+            }
+            at = end;
+        }
+        Ok(ino.size)
     }
 
     /// The mapping run that holds logical offset `pos` (< size): its end (at most the

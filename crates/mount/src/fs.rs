@@ -921,7 +921,8 @@ impl<S: Source + 'static> Filesystem for ErofsFs<S> {
             let sh = &self.shared;
             let nid = sh.nid_of(ino.0);
             let i = sh.inode(nid)?;
-            let off = u64::try_from(offset).map_err(|_| libc_errno::EINVAL)?;
+            // As the kernel (iomap): a negative offset, or one at or past the end, is ENXIO.
+            let off = u64::try_from(offset).map_err(|_| libc_errno::ENXIO)?;
             if !i.is_regular() || !matches!(whence, SEEK_DATA | SEEK_HOLE) {
                 return Err(libc_errno::EINVAL);
             }

@@ -99,6 +99,8 @@ impl<S: Source> W<'_, S> {
                 self.bytes += got as u64;
             }
             let _ = img.hole_end(&mut self.ctx, ino, at);
+            let _ = img.seek_data(&mut self.ctx, ino, at);
+            let _ = img.seek_hole(&mut self.ctx, ino, at);
         }
     }
 }
@@ -272,6 +274,8 @@ pub fn zmap_exercise(img: &[u8]) {
     ] {
         let _ = im.read_at(&ino, at, &mut buf[..6000]);
         let _ = im.hole_end(&mut ctx, &ino, at);
+        let _ = im.seek_data(&mut ctx, &ino, at);
+        let _ = im.seek_hole(&mut ctx, &ino, at);
     }
 }
 

@@ -171,7 +171,9 @@ fn compression_of(a: &ExportArgs) -> Compression {
     }
 }
 
-/// The output: a temporary file renamed into place on success, or stdout.
+/// The output: a temporary file renamed into place on success, stdout, or a file
+/// that is not a regular one (a FIFO, a character or block device such as /dev/null
+/// or a tape) written as it is: renaming over it would replace the device node.
 enum Sink {
     File {
         tmp: PathBuf,
@@ -179,20 +181,41 @@ enum Sink {
         f: std::io::BufWriter<std::fs::File>,
     },
     Stdout(std::io::BufWriter<std::io::Stdout>),
+    Device(std::io::BufWriter<std::fs::File>),
 }
 
 impl Write for Sink {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
         match self {
-            Sink::File { f, .. } => f.write(b),
+            Sink::File { f, .. } | Sink::Device(f) => f.write(b),
             Sink::Stdout(s) => s.write(b),
         }
     }
     fn flush(&mut self) -> std::io::Result<()> {
         match self {
-            Sink::File { f, .. } => f.flush(),
+            Sink::File { f, .. } | Sink::Device(f) => f.flush(),
             Sink::Stdout(s) => s.flush(),
         }
+    }
+}
+
+/// Where an output file goes: `Ok(Some(path))` a regular file (or none yet) to be
+/// replaced by renaming a temporary file onto `path` (a symbolic link followed, so
+/// the link stays and its target is replaced); `Ok(None)` a FIFO or device, to be
+/// written in place; a directory is an error.
+pub fn replace_target(out: &Path) -> Result<Option<PathBuf>> {
+    match std::fs::metadata(out) {
+        Ok(m) if m.is_dir() => bail!("{}: is a directory", out.display()),
+        Ok(m) if !m.is_file() => Ok(None),
+        Ok(_) => Ok(Some(
+            std::fs::canonicalize(out).with_context(|| format!("resolve {}", out.display()))?,
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => match std::fs::read_link(out) {
+            // A dangling link: its target is created (the link stays).
+            Ok(t) => Ok(Some(out.parent().unwrap_or(Path::new("")).join(t))),
+            Err(_) => Ok(Some(out.to_path_buf())),
+        },
+        Err(e) => Err(e).with_context(|| format!("stat {}", out.display())),
     }
 }
 
@@ -213,6 +236,14 @@ fn open_sink(out: &Path) -> Result<Sink> {
             std::io::stdout(),
         )));
     }
+    let Some(out) = replace_target(out)? else {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(out)
+            .with_context(|| format!("open {}", out.display()))?;
+        return Ok(Sink::Device(std::io::BufWriter::with_capacity(1 << 20, f)));
+    };
+    let out = out.as_path();
     let dir = out
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -263,7 +294,7 @@ pub fn run(a: ExportArgs) -> Result<()> {
     let mut sink = open_sink(&a.tar)?;
     let mut guard = TmpGuard(match &sink {
         Sink::File { tmp, .. } => Some(tmp.clone()),
-        Sink::Stdout(_) => None,
+        Sink::Stdout(_) | Sink::Device(_) => None,
     });
     let what = a.tar.display().to_string();
     match comp {

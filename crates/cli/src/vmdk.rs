@@ -77,6 +77,15 @@ pub fn write(out: &Path, image: &Path, offset: u64, devices: &[String]) -> Resul
             )
             .collect();
     let text = descriptor(&img.superblock().uuid, &files);
+    let Some(out) = crate::export::replace_target(out)? else {
+        // A FIFO or device: written as it is (renaming would replace the node).
+        return std::fs::OpenOptions::new()
+            .write(true)
+            .open(out)
+            .and_then(|mut f| f.write_all(text.as_bytes()))
+            .with_context(|| format!("--vmdk-desc: writing {}", out.display()));
+    };
+    let out = out.as_path();
     let dir = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),

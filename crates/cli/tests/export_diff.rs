@@ -188,6 +188,62 @@ fn export_of_a_damaged_image_fails_cleanly() {
     }
 }
 
+/// The output named is written where it is: a FIFO (or a device: /dev/null, a tape)
+/// stays what it is and gets the tar (export once renamed its temporary file over it,
+/// and a torture run's `export --tar /dev/null` replaced the machine's /dev/null with
+/// a regular file); a symbolic link stays a link and its target (even a dangling
+/// one's) gets the tar; a directory is an error.
+#[test]
+fn export_writes_into_fifos_devices_and_through_links() {
+    use std::os::unix::fs::FileTypeExt;
+    let s = ferofs_testkit::scratch("export-kinds");
+    let d = s.path();
+    std::fs::create_dir(d.join("t")).expect("mkdir");
+    std::fs::write(d.join("t/f"), b"tar me\n").expect("write");
+    let img = d.join("a.erofs");
+    build(&d.join("t"), &img, &[]);
+    let plain = d.join("plain.tar");
+    ok(&[&"export", &img, &"--tar", &plain]);
+    let want = std::fs::read(&plain).expect("read tar");
+    assert!(want.len() >= 1024, "{}", want.len());
+
+    let fifo = d.join("fifo");
+    run(Command::new("mkfifo").arg(&fifo));
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).expect("read fifo"))
+    };
+    ok(&[&"export", &img, &"--tar", &fifo]);
+    assert_eq!(reader.join().expect("reader"), want);
+    let ft = std::fs::symlink_metadata(&fifo).expect("lstat").file_type();
+    assert!(ft.is_fifo(), "{ft:?}");
+
+    std::fs::create_dir(d.join("real")).expect("mkdir");
+    for (link, target) in [
+        ("link.tar", "real/old.tar"),
+        ("dangling.tar", "real/new.tar"),
+    ] {
+        if link == "link.tar" {
+            std::fs::write(d.join(target), b"old").expect("write");
+        }
+        std::os::unix::fs::symlink(target, d.join(link)).expect("symlink");
+        ok(&[&"export", &img, &"--tar", &d.join(link)]);
+        let ft = std::fs::symlink_metadata(d.join(link))
+            .expect("lstat")
+            .file_type();
+        assert!(ft.is_symlink(), "{link}: {ft:?}");
+        assert_eq!(std::fs::read(d.join(target)).expect("read"), want, "{link}");
+    }
+
+    let out = run_ferofs(&[&"export", &img, &"--tar", &d.join("real")]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("is a directory"),
+        "{out:?}"
+    );
+    assert!(std::fs::metadata(d.join("real")).expect("stat").is_dir());
+}
+
 fn run_ferofs(args: &[&dyn AsRef<std::ffi::OsStr>]) -> std::process::Output {
     common::run(args)
 }

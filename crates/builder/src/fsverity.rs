@@ -266,8 +266,9 @@ pub fn add_fingerprints(tree: &mut Tree, name: &[u8], threads: usize) -> Result<
     Ok(())
 }
 
-/// Feed `len` zero bytes to `h`.
-fn hash_zeros(h: &mut Sha256, mut len: u64) {
+/// Feed `len` zero bytes to `h` (a hole under a content fingerprint), from a static
+/// zero block: nothing read, nothing allocated.
+pub fn hash_zeros(h: &mut Sha256, mut len: u64) {
     static ZEROS: [u8; 64 * BLOCK] = [0; 64 * BLOCK];
     // Bounded: each turn feeds up to 256 KiB, at least one byte.
     while len > 0 {

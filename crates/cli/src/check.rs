@@ -361,17 +361,6 @@ fn hole_bytes_at_most(img: &Image, ctx: &mut ReadCtx, ino: &Inode, limit: u64) -
     true
 }
 
-/// Feed `len` zero bytes to `h` (a hole under a content fingerprint).
-fn hash_zeros(h: &mut sha2::Sha256, mut len: u64) {
-    static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
-    // Bounded: each turn hashes a whole block of zeros or the rest.
-    while len > 0 {
-        let n = usize::try_from(len).map_or(ZEROS.len(), |l| l.min(ZEROS.len()));
-        sha2::Digest::update(h, &ZEROS[..n]);
-        len -= n as u64;
-    }
-}
-
 /// The most bytes of holes a file's content fingerprint is checked over (their zeros
 /// are hashed: about a minute of SHA-256); a hostile image can claim petabytes.
 const MAX_FINGERPRINT_HOLES: u64 = 64 << 30;
@@ -940,7 +929,7 @@ fn check_inode(
             // the map walk above). (An error is left to the read below.)
             if let Ok(Some(end)) = img.hole_end(ctx, ino, read) {
                 if let Some(h) = hash.as_mut() {
-                    hash_zeros(h, end - read);
+                    ferofs_builder::fsverity::hash_zeros(h, end - read);
                 }
                 holes += end - read;
                 read = end;

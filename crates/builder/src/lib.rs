@@ -52,6 +52,7 @@ mod metabox;
 mod nids;
 pub mod options;
 mod out;
+pub mod outfile;
 mod place;
 mod plan;
 mod progress;
@@ -339,9 +340,8 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     if let Some((b, _)) = blob {
         b.finish(o.fsync)?;
     }
-    if let Some((p, t)) = block_map {
-        t.persist(p)
-            .map_err(|e| options::io_err(p, "block map: rename")(e.error))?;
+    if let Some((p, text)) = block_map {
+        outfile::write_all(p, &text, o.fsync)?;
     }
     let mut r = report(
         &tree.nodes[..inodes],
@@ -356,30 +356,24 @@ fn build_tree(mut tree: Tree, output: &Path, o: &BuildOptions) -> Result<BuildRe
     Ok(r)
 }
 
-/// `--block-map`: the reserved files' lines in a scratch file beside `path` (blocks
-/// of `bs` bytes).
-fn block_map(path: &Path, entries: &[place::Reserved], bs: u64) -> Result<tempfile::NamedTempFile> {
+/// `--block-map`: the reserved files' lines (blocks of `bs` bytes), written to
+/// `path` once the image is.
+fn block_map(path: &Path, entries: &[place::Reserved], bs: u64) -> Result<Vec<u8>> {
     use std::io::Write;
-    let dir = out::dir_of(path);
-    let t =
-        cleanup::scratch(dir, ".ferofs-map-").map_err(options::io_err(dir, "block map: create"))?;
-    let mut w = std::io::BufWriter::new(t.as_file());
-    let mut line = |e: &place::Reserved| {
+    // A directory or a link loop fails the build before the image is written.
+    outfile::resolve(path)?;
+    let mut w = Vec::new();
+    for e in entries {
         // mkfs.erofs's format: hex but the zeros that end the last block, which are
         // decimal and only there when some are.
-        write!(w, "{:08x} {:8x} {:08x}", e.blkaddr, e.blocks, e.at)?;
-        match (bs - e.size % bs) % bs {
+        let r = write!(w, "{:08x} {:8x} {:08x}", e.blkaddr, e.blocks, e.at);
+        let r = r.and_then(|()| match (bs - e.size % bs) % bs {
             0 => writeln!(w),
             zeroed => writeln!(w, " {zeroed:08}"),
-        }
-    };
-    for e in entries {
-        line(e).map_err(options::io_err(path, "block map: write"))?;
+        });
+        r.map_err(options::io_err(path, "block map: write"))?;
     }
-    w.flush()
-        .map_err(options::io_err(path, "block map: write"))?;
-    drop(w);
-    Ok(t)
+    Ok(w)
 }
 
 /// Bytes fragments saved, at least: what they would take on their own (a lower

@@ -2,6 +2,8 @@
 //! content hash (for the derived UUID), and rename-on-success.
 
 use crate::options::*;
+pub(crate) use crate::outfile::dir_of;
+use crate::outfile::{follow_links, Target};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -44,19 +46,16 @@ impl Out {
     /// Anything else is an error.
     pub fn create(target: &Path, base: u64) -> Result<Self> {
         use std::os::unix::fs::FileTypeExt;
-        let target = follow_links(target)?;
-        if let Ok(md) = std::fs::metadata(&target) {
-            let ft = md.file_type();
-            if ft.is_block_device() {
-                return Self::device(&target, base);
-            }
-            if !ft.is_file() {
+        let target = match crate::outfile::resolve(target)? {
+            Target::Node(p, ft) if ft.is_block_device() => return Self::device(&p, base),
+            Target::Node(path, _) => {
                 return Err(BuildError::Invalid {
-                    path: target,
+                    path,
                     what: "the output must be a regular file or a block device".into(),
-                });
+                })
             }
-        }
+            Target::File(p) => p,
+        };
         let dir = dir_of(&target).to_path_buf();
         let name = target
             .file_name()
@@ -354,37 +353,5 @@ impl Drop for Out {
             let _ = std::fs::remove_file(&self.tmp);
             crate::cleanup::untrack(&self.tmp);
         }
-    }
-}
-
-/// `target` with symbolic links followed (the last component's, as open(2) would;
-/// at most 40), also when the link points at a name not created yet.
-fn follow_links(target: &Path) -> Result<PathBuf> {
-    let mut p = target.to_path_buf();
-    // Bounded: 40 links, as the kernel's limit.
-    for _ in 0..40 {
-        match std::fs::symlink_metadata(&p) {
-            Ok(m) if m.file_type().is_symlink() => {
-                let l = std::fs::read_link(&p).map_err(io_err(&p, "read output link"))?;
-                p = if l.is_absolute() {
-                    l
-                } else {
-                    dir_of(&p).join(l)
-                };
-            }
-            _ => return Ok(p),
-        }
-    }
-    Err(BuildError::Invalid {
-        path: target.to_path_buf(),
-        what: "too many levels of symbolic links".into(),
-    })
-}
-
-/// The directory `path` is in (`.` for a bare name): where its scratch files go.
-pub(crate) fn dir_of(path: &Path) -> &Path {
-    match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
     }
 }

@@ -199,26 +199,6 @@ impl Write for Sink {
     }
 }
 
-/// Where an output file goes: `Ok(Some(path))` a regular file (or none yet) to be
-/// replaced by renaming a temporary file onto `path` (a symbolic link followed, so
-/// the link stays and its target is replaced); `Ok(None)` a FIFO or device, to be
-/// written in place; a directory is an error.
-pub fn replace_target(out: &Path) -> Result<Option<PathBuf>> {
-    match std::fs::metadata(out) {
-        Ok(m) if m.is_dir() => bail!("{}: is a directory", out.display()),
-        Ok(m) if !m.is_file() => Ok(None),
-        Ok(_) => Ok(Some(
-            std::fs::canonicalize(out).with_context(|| format!("resolve {}", out.display()))?,
-        )),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => match std::fs::read_link(out) {
-            // A dangling link: its target is created (the link stays).
-            Ok(t) => Ok(Some(out.parent().unwrap_or(Path::new("")).join(t))),
-            Err(_) => Ok(Some(out.to_path_buf())),
-        },
-        Err(e) => Err(e).with_context(|| format!("stat {}", out.display())),
-    }
-}
-
 /// Removes the temporary output unless the export finished.
 struct TmpGuard(Option<PathBuf>);
 impl Drop for TmpGuard {
@@ -236,12 +216,16 @@ fn open_sink(out: &Path) -> Result<Sink> {
             std::io::stdout(),
         )));
     }
-    let Some(out) = replace_target(out)? else {
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(out)
-            .with_context(|| format!("open {}", out.display()))?;
-        return Ok(Sink::Device(std::io::BufWriter::with_capacity(1 << 20, f)));
+    let out = match ferofs_builder::outfile::resolve(out)? {
+        // A FIFO or device: written in place (renaming would replace the node).
+        ferofs_builder::outfile::Target::Node(p, _) => {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&p)
+                .with_context(|| format!("open {}", p.display()))?;
+            return Ok(Sink::Device(std::io::BufWriter::with_capacity(1 << 20, f)));
+        }
+        ferofs_builder::outfile::Target::File(p) => p,
     };
     let out = out.as_path();
     let dir = out

@@ -10,7 +10,6 @@
 //! heads, 63 sectors a track).
 
 use anyhow::{bail, Context, Result};
-use std::io::Write;
 use std::path::Path;
 
 /// Most sectors one extent line covers (2 GiB).
@@ -77,25 +76,8 @@ pub fn write(out: &Path, image: &Path, offset: u64, devices: &[String]) -> Resul
             )
             .collect();
     let text = descriptor(&img.superblock().uuid, &files);
-    let Some(out) = crate::export::replace_target(out)? else {
-        // A FIFO or device: written as it is (renaming would replace the node).
-        return std::fs::OpenOptions::new()
-            .write(true)
-            .open(out)
-            .and_then(|mut f| f.write_all(text.as_bytes()))
-            .with_context(|| format!("--vmdk-desc: writing {}", out.display()));
-    };
-    let out = out.as_path();
-    let dir = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)
-        .with_context(|| format!("--vmdk-desc: a temporary file in {}", dir.display()))?;
-    tmp.write_all(text.as_bytes())?;
-    tmp.persist(out)
-        .with_context(|| format!("--vmdk-desc: writing {}", out.display()))?;
-    Ok(())
+    ferofs_builder::outfile::write_all(out, text.as_bytes(), false)
+        .with_context(|| format!("--vmdk-desc: writing {}", out.display()))
 }
 
 #[cfg(test)]

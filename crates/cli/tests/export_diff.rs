@@ -214,9 +214,10 @@ fn export_writes_into_fifos_devices_and_through_links() {
         std::thread::spawn(move || std::fs::read(fifo).expect("read fifo"))
     };
     ok(&[&"export", &img, &"--tar", &fifo]);
-    assert_eq!(reader.join().expect("reader"), want);
+    // Checked before the reader is joined: with the FIFO replaced it would wait forever.
     let ft = std::fs::symlink_metadata(&fifo).expect("lstat").file_type();
     assert!(ft.is_fifo(), "{ft:?}");
+    assert_eq!(reader.join().expect("reader"), want);
 
     std::fs::create_dir(d.join("real")).expect("mkdir");
     for (link, target) in [

@@ -183,6 +183,83 @@ fn a_symbolic_link_is_followed_and_other_outputs_are_refused() {
         .is_char_device());
 }
 
+/// `--block-map` goes where `export --tar` goes: into a FIFO (which stays a FIFO),
+/// through a link (which stays a link, a dangling one's target created), a directory
+/// an error that leaves no image. It once renamed its scratch file over the name.
+#[test]
+fn the_block_map_writes_into_fifos_and_through_links() {
+    use std::os::unix::fs::FileTypeExt;
+    let d = scratch("map-kinds");
+    let d = d.path();
+    let tree = d.join("tree");
+    small_tree(&tree);
+    let map_of = |map: &Path, img: &str| {
+        ok(&[
+            &"build",
+            &"-q",
+            &"--reserve-data",
+            &"--block-map",
+            &map,
+            &tree,
+            &d.join(img),
+        ])
+    };
+    map_of(&d.join("plain.map"), "plain.erofs");
+    let want = std::fs::read(d.join("plain.map")).expect("read map");
+    assert!(!want.is_empty());
+
+    let fifo = d.join("fifo");
+    run_cmd(Command::new("mkfifo").arg(&fifo));
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).expect("read fifo"))
+    };
+    map_of(&fifo, "fifo.erofs");
+    // Checked before the reader is joined: with the FIFO replaced it would wait forever.
+    assert!(std::fs::symlink_metadata(&fifo)
+        .expect("lstat")
+        .file_type()
+        .is_fifo());
+    assert_eq!(reader.join().expect("reader"), want);
+
+    std::fs::create_dir(d.join("maps")).expect("mkdir");
+    std::fs::write(d.join("maps/old.map"), b"old").expect("write");
+    for (link, target) in [
+        ("link.map", "maps/old.map"),
+        ("dangling.map", "maps/new.map"),
+    ] {
+        std::os::unix::fs::symlink(target, d.join(link)).expect("symlink");
+        map_of(&d.join(link), &format!("{link}.erofs"));
+        let ft = std::fs::symlink_metadata(d.join(link))
+            .expect("lstat")
+            .file_type();
+        assert!(ft.is_symlink(), "{link}: {ft:?}");
+        assert_eq!(std::fs::read(d.join(target)).expect("read"), want, "{link}");
+    }
+
+    let img = d.join("dir.erofs");
+    let out = run(&[
+        &"build",
+        &"-q",
+        &"--reserve-data",
+        &"--block-map",
+        &d.join("maps"),
+        &tree,
+        &img,
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("maps: is a directory"), "{err}");
+    assert!(!img.exists());
+    let mut left: Vec<String> = std::fs::read_dir(d)
+        .expect("list")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    left.sort();
+    assert!(left.is_empty(), "scratch files left: {left:?}");
+}
+
 #[test]
 fn images_on_block_devices_are_sources_too() {
     if !kernel_available("images_on_block_devices_are_sources_too") {

@@ -146,8 +146,23 @@ pub fn digest(size: u64, read: &mut dyn FnMut(&mut [u8], u64) -> Result<()>) -> 
     digest_sparse(size, None, read)
 }
 
-/// The fs-verity digest of `size` bytes whose data lies in `data` (sorted `[start, end)`
-/// ranges; the rest is zeros, not read; None: all of it is data) read through
+/// A file's data ranges in order of their starts (None: all `size` bytes). Every source
+/// gives them sorted; a range out of order would otherwise be passed over as zeros.
+fn in_order(size: u64, data: Option<&[(u64, u64)]>) -> std::borrow::Cow<'_, [(u64, u64)]> {
+    use std::borrow::Cow;
+    match data {
+        None => Cow::Owned(vec![(0, size)]),
+        Some(d) if d.windows(2).all(|w| w[0].0 <= w[1].0) => Cow::Borrowed(d),
+        Some(d) => {
+            let mut v = d.to_vec();
+            v.sort_unstable();
+            Cow::Owned(v)
+        }
+    }
+}
+
+/// The fs-verity digest of `size` bytes whose data lies in `data` (`[start, end)`
+/// ranges, overlapping or not; the rest is zeros, not read; None: all of it is data) read through
 /// `read(buf, offset)`. A block wholly outside `data` is not read or hashed: the tree
 /// takes runs of zero blocks at the cost of their count's logarithm, so a 1 TiB hole
 /// costs microseconds.
@@ -158,13 +173,13 @@ pub fn digest_sparse(
 ) -> Result<[u8; HASH]> {
     let bs = BLOCK as u64;
     let blocks = size.div_ceil(bs);
-    let whole = [(0, size)];
+    let ranges = in_order(size, data);
     let mut t = Tree256::default();
     let mut chunk = vec![0u8; 64 * BLOCK];
     // The first block not yet in the tree.
     let mut next = 0u64;
     // Bounded by the ranges given (each visited once).
-    for &(start, end) in data.unwrap_or(&whole) {
+    for &(start, end) in ranges.iter() {
         let first = (start / bs).max(next);
         let last = end.min(size).div_ceil(bs);
         if first >= last {
@@ -234,10 +249,10 @@ pub fn add_fingerprints(tree: &mut Tree, name: &[u8], threads: usize) -> Result<
         |size, data, read| {
             let mut h = Sha256::new();
             let mut chunk = vec![0u8; (64 * BLOCK).min(size as usize)];
-            let whole = [(0, size)];
+            let ranges = in_order(size, data);
             let mut at = 0u64;
             // Bounded by the ranges given; holes are hashed from a zero block, unread.
-            for &(start, end) in data.unwrap_or(&whole) {
+            for &(start, end) in ranges.iter() {
                 let (start, end) = (start.max(at), end.min(size));
                 if start >= end {
                     continue;
@@ -445,6 +460,11 @@ mod tests {
             // Exactly two levels of zeros, then a partial data block.
             (k * 128 * 128 + 9, &[(k * 128 * 128, k * 128 * 128 + 9)]),
             (k * 128 * 128, &[]),
+            // Out of order and overlapping: the same digest as sorted.
+            (
+                k * 300,
+                &[(k * 200, k * 201), (5, 10), (k * 199, k * 200 + 7)],
+            ),
         ];
         for &(size, data) in cases {
             let (fast, slow) = sparse(size, data);

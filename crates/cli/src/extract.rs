@@ -50,7 +50,9 @@ pub struct ExtractArgs {
     /// Do not restore extended attributes.
     #[arg(long)]
     no_xattrs: bool,
-    /// Allow extracting into a non-empty directory.
+    /// Extract into a non-empty directory (or over an existing file): directories
+    /// there are kept, any other entry in the way is replaced (a symbolic link too,
+    /// never followed); what the image does not hold is left alone.
     #[arg(long)]
     force: bool,
     /// Permission bits masked by this process's umask (as `tar` does for ordinary
@@ -185,10 +187,22 @@ pub fn run(a: ExtractArgs) -> Result<()> {
     for e in entries.iter().filter(|e| e.ino.is_dir()) {
         let p = join(&a.out, &e.rel);
         if !e.rel.is_empty() {
-            fs::DirBuilder::new()
-                .mode(0o700)
-                .create(&p)
-                .with_context(|| format!("create directory {}", p.display()))?;
+            let mkdir = || fs::DirBuilder::new().mode(0o700).create(&p);
+            match mkdir() {
+                Err(err) if a.force && err.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let m = fs::symlink_metadata(&p)
+                        .with_context(|| format!("create directory {}", p.display()))?;
+                    if m.is_dir() {
+                        // Kept, writable until its metadata is applied at the end.
+                        fs::set_permissions(&p, fs::Permissions::from_mode(0o700))
+                    } else {
+                        // A link is replaced, never followed out of the tree.
+                        fs::remove_file(&p).and_then(|()| mkdir())
+                    }
+                }
+                r => r,
+            }
+            .with_context(|| format!("create directory {}", p.display()))?;
         }
     }
 
@@ -204,7 +218,7 @@ pub fn run(a: ExtractArgs) -> Result<()> {
     for e in entries.iter().filter(|e| !e.ino.is_dir()) {
         let p = join(&a.out, &e.rel);
         if let Some(target) = &e.link_to {
-            fs::hard_link(join(&a.out, target), &p)
+            replacing(&p, a.force, || fs::hard_link(join(&a.out, target), &p))
                 .with_context(|| format!("hardlink {}", p.display()))?;
             continue;
         }
@@ -212,8 +226,10 @@ pub fn run(a: ExtractArgs) -> Result<()> {
             S_IFREG => {}
             S_IFLNK => {
                 let t = img.read_link(&e.ino)?;
-                std::os::unix::fs::symlink(OsStr::from_bytes(&t), &p)
-                    .with_context(|| format!("symlink {}", p.display()))?;
+                replacing(&p, a.force, || {
+                    std::os::unix::fs::symlink(OsStr::from_bytes(&t), &p)
+                })
+                .with_context(|| format!("symlink {}", p.display()))?;
             }
             S_IFCHR | S_IFBLK | S_IFIFO | S_IFSOCK => {
                 let (ma, mi) = e.ino.rdev_major_minor();
@@ -223,13 +239,16 @@ pub fn run(a: ExtractArgs) -> Result<()> {
                     S_IFIFO => rustix::fs::FileType::Fifo,
                     _ => rustix::fs::FileType::Socket,
                 };
-                rustix::fs::mknodat(
-                    rustix::fs::CWD,
-                    &p,
-                    kind,
-                    rustix::fs::Mode::from_raw_mode(0o600),
-                    rustix::fs::makedev(ma, mi),
-                )
+                replacing(&p, a.force, || {
+                    rustix::fs::mknodat(
+                        rustix::fs::CWD,
+                        &p,
+                        kind,
+                        rustix::fs::Mode::from_raw_mode(0o600),
+                        rustix::fs::makedev(ma, mi),
+                    )
+                    .map_err(std::io::Error::from)
+                })
                 .with_context(|| format!("mknod {}", p.display()))?;
             }
             _ => bail!(
@@ -254,9 +273,28 @@ pub fn run(a: ExtractArgs) -> Result<()> {
     Ok(())
 }
 
+/// Creates `p` with `make`, which fails when `p` exists (the file, link and node are
+/// made exclusively: an existing symbolic link is never written through). With
+/// `--force` an existing non-directory there is removed and `make` tried once more, as
+/// tar and `fsck.erofs --overwrite` do; a directory stays an error.
+fn replacing<T>(
+    p: &Path,
+    force: bool,
+    make: impl Fn() -> std::io::Result<T>,
+) -> std::io::Result<T> {
+    match make() {
+        Err(e) if force && e.kind() == std::io::ErrorKind::AlreadyExists => {
+            fs::remove_file(p)?;
+            make()
+        }
+        r => r,
+    }
+}
+
 /// Whether `fchown` can be skipped: a file we create already belongs to our effective
 /// uid and gid unless the output directory is set-group-ID (new files and directories
-/// then take its group), and `--force` may truncate files that belong to someone else.
+/// then take its group) or `--force` keeps directories that were there (which may be
+/// set-group-ID themselves).
 #[derive(Clone, Copy)]
 struct Ownership {
     uid: u32,
@@ -324,17 +362,18 @@ impl Worker {
         let p = join(&a.out, &e.rel);
         let ino = &e.ino;
         let direct_mode = own.mode_at_create(ino, a);
-        let f = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(if direct_mode {
-                u32::from(ino.mode & 0o777)
-            } else {
-                0o600
-            })
-            .open(&p)
-            .with_context(|| format!("create {}", p.display()))?;
+        let f = replacing(&p, a.force, || {
+            fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(if direct_mode {
+                    u32::from(ino.mode & 0o777)
+                } else {
+                    0o600
+                })
+                .open(&p)
+        })
+        .with_context(|| format!("create {}", p.display()))?;
         let want = usize::try_from(ino.size).map_or(CHUNK, |s| s.min(CHUNK));
         if self.buf.len() < want {
             self.buf.resize(want, 0);

@@ -845,3 +845,80 @@ fn inode_digest_fingerprints() {
     );
     assert!(!ti.exists());
 }
+
+/// `extract --force` over a tree that is already there (a previous extraction, with
+/// things planted in it): every directory is reused, every other entry replaced, and no
+/// symbolic link found on the way is written through: a link where the image has a
+/// file, and one where it has a directory, are replaced, their targets untouched.
+/// Once, a link there took the file's data (`open` followed it), and a directory
+/// already there failed the extraction ("File exists").
+#[test]
+fn extract_force_replaces_entries_and_never_writes_through_links() {
+    let s = ferofs_testkit::scratch("extract-force");
+    let d = s.path();
+    let tree = d.join("tree");
+    ferofs_testkit::run(Command::new("sh").arg("-c").arg(format!(
+        r#"set -e
+mkdir -p {t}/sub/deep {t}/dir
+cd {t}
+printf 'image data\n' > top
+printf 'in sub\n' > sub/f
+printf 'deep\n' > sub/deep/g
+ln -s sub/f link
+ln top hard
+mkfifo pipe
+chmod 0750 sub
+"#,
+        t = tree.display()
+    )));
+    let img = d.join("t.erofs");
+    build(&tree, &img, &[]);
+    let out = d.join("out");
+    ok(&[&"extract", &img, &out]);
+    assert_same_tree(&tree, &out);
+    // Without --force a tree that is there is refused.
+    let r = run(&[&"extract", &img, &out]);
+    assert_eq!(r.status.code(), Some(1), "{r:?}");
+    assert!(String::from_utf8_lossy(&r.stderr).contains("is not empty (use --force)"));
+
+    // Plant: links out of the tree where the image has a file and a directory, other
+    // kinds where it has a link, a FIFO and a hardlink, a writable-only-by-mode dir.
+    let outside = d.join("outside");
+    std::fs::create_dir(&outside).expect("mkdir");
+    std::fs::write(d.join("victim"), b"precious").expect("write");
+    ferofs_testkit::run(Command::new("sh").arg("-c").arg(format!(
+        r#"set -e
+cd {o}
+rm top link pipe hard
+ln -s ../victim top
+ln -s ../victim hard
+printf 'not a link' > link
+mkdir pipe
+rmdir pipe
+printf 'not a pipe' > pipe
+rm -r sub/deep
+ln -s ../../outside sub/deep
+chmod 0500 sub
+printf 'kept' > extra
+"#,
+        o = out.display()
+    )));
+    ok(&[&"extract", &"--force", &img, &out]);
+    assert_eq!(std::fs::read(d.join("victim")).expect("read"), b"precious");
+    assert_eq!(std::fs::read_dir(&outside).expect("list").count(), 0);
+    // What the image does not hold is left alone.
+    std::fs::remove_file(out.join("extra")).expect("extra was kept");
+    // (and the root's mtime, which removing it changed, set back)
+    ferofs_testkit::run(Command::new("touch").arg("-r").arg(&tree).arg(&out));
+    assert_same_tree(&tree, &out);
+
+    // A directory where the image has a file is an error naming it, not a removal.
+    std::fs::remove_file(out.join("top")).expect("rm");
+    std::fs::create_dir(out.join("top")).expect("mkdir");
+    std::fs::write(out.join("top/inside"), b"x").expect("write");
+    let r = run(&[&"extract", &"--force", &img, &out]);
+    assert_eq!(r.status.code(), Some(1), "{r:?}");
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(err.contains("top"), "{err}");
+    assert!(out.join("top/inside").exists());
+}

@@ -56,19 +56,7 @@ impl Out {
             }
             Target::File(p) => p,
         };
-        let dir = dir_of(&target).to_path_buf();
-        let name = target
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "image".into());
-        let tmp = dir.join(format!(".{name}.ferofs-tmp-{}", std::process::id()));
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
-            .map_err(io_err(&tmp, "create output"))?;
+        let (file, tmp) = crate::outfile::temp_beside(&target)?;
         crate::cleanup::track(&tmp);
         Ok(Out {
             file,

@@ -65,25 +65,45 @@ pub fn write_all(path: &Path, data: &[u8], fsync: bool) -> Result<()> {
             .and_then(|mut f| f.write_all(data))
             .map_err(io_err(&p, "write output")),
         Target::File(p) => {
-            use std::os::unix::fs::PermissionsExt;
-            let dir = dir_of(&p);
-            let mut t = tempfile::Builder::new()
-                .prefix(".ferofs-out-")
-                .permissions(std::fs::Permissions::from_mode(0o666))
-                .tempfile_in(dir)
-                .map_err(io_err(dir, "create temporary output"))?;
-            crate::cleanup::track(t.path());
-            t.write_all(data).map_err(io_err(&p, "write output"))?;
-            if fsync {
-                t.as_file().sync_all().map_err(io_err(&p, "sync output"))?;
+            let (mut f, tmp) = temp_beside(&p)?;
+            crate::cleanup::track(&tmp);
+            let done = f
+                .write_all(data)
+                .map_err(io_err(&p, "write output"))
+                .and_then(|()| match fsync {
+                    true => f.sync_all().map_err(io_err(&p, "sync output")),
+                    false => Ok(()),
+                })
+                .and_then(|()| std::fs::rename(&tmp, &p).map_err(io_err(&p, "rename output")));
+            if done.is_err() {
+                let _ = std::fs::remove_file(&tmp);
             }
-            let tmp = t.path().to_path_buf();
-            t.persist(&p)
-                .map_err(|e| io_err(&p, "rename output")(e.error))?;
             crate::cleanup::untrack(&tmp);
-            Ok(())
+            done
         }
     }
+}
+
+/// A new temporary file beside `target` (the path a [`Target::File`] resolved to), to
+/// be renamed onto it once written: a random name (`.NAME.ferofs-tmp-XXXXXX`) created
+/// exclusively (O_EXCL), so a link planted under a name we would pick is never written
+/// through — a name from the process id was: in a shared directory such as /tmp, a
+/// build as root truncated the link's target and renamed the link onto the output.
+/// Mode 0666 less the umask, as `File::create` gives.
+pub fn temp_beside(target: &Path) -> Result<(std::fs::File, PathBuf)> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = dir_of(target);
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "output".into());
+    let t = tempfile::Builder::new()
+        .prefix(&format!(".{name}.ferofs-tmp-"))
+        .permissions(std::fs::Permissions::from_mode(0o666))
+        .tempfile_in(dir)
+        .map_err(io_err(dir, "create temporary output"))?;
+    t.keep()
+        .map_err(|e| io_err(dir, "create temporary output")(e.error))
 }
 
 /// The path `target`'s chain of symbolic links ends at (itself when it is none).

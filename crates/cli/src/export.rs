@@ -227,20 +227,7 @@ fn open_sink(out: &Path) -> Result<Sink> {
         }
         ferofs_builder::outfile::Target::File(p) => p,
     };
-    let out = out.as_path();
-    let dir = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = out
-        .file_name()
-        .ok_or_else(|| anyhow!("{}: not a file name", out.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let f = std::fs::File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?;
+    let (f, tmp) = ferofs_builder::outfile::temp_beside(&out)?;
     Ok(Sink::File {
         tmp,
         dst: out.to_path_buf(),

@@ -260,6 +260,84 @@ fn the_block_map_writes_into_fifos_and_through_links() {
     assert!(left.is_empty(), "scratch files left: {left:?}");
 }
 
+/// The temporary file beside an output is created under a fresh name, never opened
+/// through a link already there. It was `.NAME.ferofs-tmp-PID` (export: `.NAME.tmpPID`),
+/// opened with O_TRUNC: in a shared directory a link planted under the next process ids
+/// had a build as root truncate and fill the link's target, then rename the link onto
+/// the output. Here the process id is known (a shell that waits, then `exec`s ferofs)
+/// and the links are planted under it before ferofs starts.
+#[test]
+fn a_link_planted_under_a_temporary_name_is_not_written_through() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let d = scratch("planted");
+    let d = d.path();
+    let tree = d.join("tree");
+    small_tree(&tree);
+    let img = d.join("img.erofs");
+    build(&tree, &img, &[]);
+    let victim = d.join("victim");
+    std::fs::write(&victim, b"precious").expect("write");
+    let cases: [(&str, Vec<String>, String); 2] = [
+        (
+            "new.erofs",
+            vec!["build".into(), "-q".into(), tree.display().to_string()],
+            ".new.erofs.ferofs-tmp-".into(),
+        ),
+        (
+            "new.tar",
+            vec!["export".into(), img.display().to_string(), "--tar".into()],
+            ".new.tar.tmp".into(),
+        ),
+    ];
+    for (out, args, old_prefix) in cases {
+        let mut sh = Command::new("sh")
+            .arg("-c")
+            .arg("read go && exec \"$0\" \"$@\"")
+            .arg(env!("CARGO_BIN_EXE_ferofs"))
+            .args(&args)
+            .arg(d.join(out))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let pid = sh.id();
+        let planted = d.join(format!("{old_prefix}{pid}"));
+        std::os::unix::fs::symlink("victim", &planted).expect("plant");
+        sh.stdin
+            .take()
+            .expect("stdin")
+            .write_all(b"go\n")
+            .expect("go");
+        let o = sh.wait_with_output().expect("wait");
+        assert!(o.status.success(), "{out}: {o:?}");
+        let v = std::fs::read(&victim).expect("read");
+        assert!(
+            v == b"precious",
+            "{out}: the link's target written, now {} bytes",
+            v.len()
+        );
+        let ft = std::fs::symlink_metadata(d.join(out))
+            .expect("lstat")
+            .file_type();
+        assert!(ft.is_file(), "{out}: {ft:?}");
+        // The planted link is left as it was, and no temporary file beside it.
+        assert!(std::fs::symlink_metadata(&planted)
+            .expect("lstat")
+            .file_type()
+            .is_symlink());
+        std::fs::remove_file(&planted).expect("rm");
+        let left: Vec<String> = std::fs::read_dir(d)
+            .expect("list")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+    ok(&[&"check", &d.join("new.erofs")]);
+}
+
 #[test]
 fn images_on_block_devices_are_sources_too() {
     if !kernel_available("images_on_block_devices_are_sources_too") {

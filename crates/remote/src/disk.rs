@@ -79,6 +79,10 @@ impl DiskCache {
     /// Block `index`, when it is cached whole (`len` bytes) and intact.
     pub(crate) fn get(&self, index: u64, len: usize) -> Option<Vec<u8>> {
         let p = self.dir.join(index.to_string());
+        // Only a file of ours: anything else there (a link) is not read or touched.
+        if !fs::symlink_metadata(&p).ok()?.is_file() {
+            return None;
+        }
         let mut data = fs::read(&p).ok()?;
         if data.len() != len + TRAILER {
             let _ = fs::remove_file(&p);
@@ -105,7 +109,7 @@ impl DiskCache {
         let mut body = Vec::with_capacity(data.len() + TRAILER);
         body.extend_from_slice(data);
         body.extend_from_slice(&self.digest(index, data));
-        if fs::write(&tmp, &body).is_err() {
+        if write_new(&tmp, &body).is_err() {
             let _ = fs::remove_file(&tmp);
             return;
         }
@@ -125,7 +129,7 @@ impl DiskCache {
         let tmp = self
             .dir
             .join(format!(".tmp-{}-{seq}-meta", std::process::id()));
-        if fs::write(&tmp, format!("{first} {end}\n")).is_err()
+        if write_new(&tmp, format!("{first} {end}\n").as_bytes()).is_err()
             || fs::rename(&tmp, self.dir.join(META_FILE)).is_err()
         {
             let _ = fs::remove_file(&tmp);
@@ -205,9 +209,43 @@ impl DiskCache {
     }
 }
 
+/// Writes `data` to the new file `p`, created exclusively: a link or file already under
+/// that name is an error, never written through.
+fn write_new(p: &Path, data: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    fs::File::options()
+        .write(true)
+        .create_new(true)
+        .open(p)?
+        .write_all(data)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Links planted in the cache (under the name a block is about to be written to,
+    /// and under a block's own name) are neither written through nor read.
+    #[test]
+    fn planted_links_are_not_followed() -> io::Result<()> {
+        let d = tempfile::tempdir()?;
+        let victim = d.path().join("victim");
+        fs::write(&victim, b"precious")?;
+        let c = DiskCache::open(d.path(), "http://x/a size=10 etag=\"1\"", 10_000)?;
+        let tmp = c.dir.join(format!(".tmp-{}-0-7", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &tmp)?;
+        c.put(7, b"hello");
+        assert_eq!(fs::read(&victim)?, b"precious");
+        assert_eq!(c.get(7, 5), None);
+        // A link under a block's name, to a file holding what a block would: a miss.
+        c.put(8, b"world");
+        let held = fs::read(c.dir.join("8"))?;
+        fs::write(&victim, &held)?;
+        fs::remove_file(c.dir.join("8"))?;
+        std::os::unix::fs::symlink(&victim, c.dir.join("8"))?;
+        assert_eq!(c.get(8, 5), None);
+        Ok(())
+    }
 
     #[test]
     fn roundtrip_damage_and_limit() -> io::Result<()> {

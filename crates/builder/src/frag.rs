@@ -972,7 +972,8 @@ fn read_again(
     let f = match &held.file {
         Some(f) => f,
         None => {
-            opened = File::open(path).map_err(io_err(path, "fragments: open again"))?;
+            opened =
+                crate::source::open_scanned(path).map_err(io_err(path, "fragments: open again"))?;
             &opened
         }
     };

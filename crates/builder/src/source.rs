@@ -89,7 +89,11 @@ impl Source {
                 "internal: data on an extra device or only reserved is not read".into(),
             ));
         }
-        let f = File::open(self.path()).map_err(io_err(self.path(), "data: open"))?;
+        let f = match self {
+            Source::Scanned { path, .. } => open_scanned(path),
+            _ => File::open(self.path()),
+        }
+        .map_err(io_err(self.path(), "data: open"))?;
         if let Source::Erofs(e) = self {
             if let Some(why) = e.mapping_error() {
                 return Err(io_err(self.path(), "data: read")(std::io::Error::other(
@@ -99,6 +103,20 @@ impl Source {
         }
         Ok(Reader { src: self, f, size })
     }
+}
+
+/// Opens a file of the source tree for reading as the scan saw it, a regular file: a
+/// symbolic link put there since is an error (O_NOFOLLOW), not followed out of the
+/// tree, and a FIFO is opened without waiting for a writer (O_NONBLOCK; it then fails
+/// the stamp check), so a build never hangs on one. Neither flag changes reads of a
+/// regular file.
+pub(crate) fn open_scanned(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let flags = rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags.bits() as i32)
+        .open(path)
 }
 
 /// mtime and ctime (seconds, nanoseconds) of a scanned file.
@@ -352,4 +370,59 @@ fn append_segments(
     })?;
     data.resize(before + (end - start) as usize, 0);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scanned regular file replaced, before its data is read, by a symbolic link out
+    /// of the tree or by a FIFO: the link is not followed and the FIFO does not block
+    /// (the open returns at once; the read or the stamp check then fails).
+    #[test]
+    fn a_scanned_file_swapped_for_a_link_or_fifo() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let p = d.path().join("f");
+        std::fs::write(&p, b"tree data").expect("write");
+        let m = std::fs::metadata(&p).expect("stat");
+        let src = Source::Scanned {
+            path: p.clone(),
+            stamp: stamp(&m),
+        };
+        // As scanned: read back.
+        let r = src.open(9).expect("open");
+        let mut buf = [0u8; 9];
+        r.read_exact_at(&mut buf, 0).expect("read");
+        assert_eq!(&buf, b"tree data");
+        r.unchanged().expect("unchanged");
+        drop(r);
+
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, b"secret!!!").expect("write");
+        std::fs::remove_file(&p).expect("rm");
+        std::os::unix::fs::symlink(&victim, &p).expect("symlink");
+        match src.open(9) {
+            Err(BuildError::Io { path, .. }) => assert_eq!(path, p),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a link put in the tree was followed"),
+        }
+
+        std::fs::remove_file(&p).expect("rm");
+        let st = std::process::Command::new("mkfifo")
+            .arg(&p)
+            .status()
+            .expect("mkfifo");
+        assert!(st.success());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let s2 = src.clone();
+        std::thread::spawn(move || {
+            let res = s2.open(9).map(|r| r.unchanged().is_err());
+            let _ = tx.send(res.map_err(|e| e.to_string()));
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(20)) {
+            Ok(Ok(changed)) => assert!(changed, "a FIFO passed the stamp check"),
+            Ok(Err(e)) => panic!("opening the FIFO failed: {e}"),
+            Err(_) => panic!("opening a FIFO put in the tree blocked"),
+        }
+    }
 }

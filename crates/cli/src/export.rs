@@ -596,7 +596,8 @@ fn entry(
 /// A file's data as read segments `(offset, length)`, holes left out, without reading
 /// data: consecutive data runs are gathered up to [`SEGMENT`] bytes, cut only between
 /// extents of a compressed file (so no two workers decode the same extent; an extent
-/// larger than a segment is one segment) and anywhere in stored data.
+/// larger than a segment, up to the largest a pcluster decodes to, is one segment) and
+/// anywhere in stored data or a longer run.
 fn segments(img: &Image, ctx: &mut ReadCtx, ino: &Inode) -> Result<Vec<(u64, u64)>> {
     let compressed = ino.layout.is_compressed();
     let mut segs: Vec<(u64, u64)> = Vec::new();
@@ -608,17 +609,21 @@ fn segments(img: &Image, ctx: &mut ReadCtx, ino: &Inode) -> Result<Vec<(u64, u64
         if hole {
             segs.extend(cur.take());
         } else {
+            // An extent is one segment (decoded once) when it can be one decoded
+            // pcluster; a longer run (a fragment of a large file, or a hostile map) is
+            // cut like stored data, so no segment's buffer passes the larger bound.
+            let whole = compressed && end - pos <= ferofs_reader::limits::MAX_EXTENT_BYTES;
             let mut at = pos;
             // Bounded: each step takes at least one byte of the run, or flushes.
             while at < end {
                 let (start, len) = cur.unwrap_or((at, 0));
                 let room = SEGMENT.saturating_sub(len);
-                let take = if compressed {
+                let take = if whole {
                     end - at
                 } else {
                     (end - at).min(room)
                 };
-                if take == 0 || (compressed && len >= SEGMENT) {
+                if take == 0 || (whole && len >= SEGMENT) {
                     segs.extend(cur.take());
                     continue;
                 }
@@ -653,4 +658,70 @@ fn sparse_runs(runs: &[(u64, u64)], size: u64) -> Vec<(u64, u64)> {
         _ => v.push((size, 0)),
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferofs_builder::{BuildOptions, Compression, Fragments};
+
+    /// A 20 MiB file held whole as one fragment (all-fragments) is one extent longer
+    /// than any pcluster decodes to: it is cut into segments of at most [`SEGMENT`],
+    /// and the tar holds its bytes. A mutated image whose map made one extent of 256
+    /// TiB had export allocate a buffer that long (an abort; found by torture-cli).
+    #[test]
+    fn runs_longer_than_an_extent_are_cut() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let src = d.path().join("t");
+        std::fs::create_dir(&src).expect("mkdir");
+        let mut data = Vec::with_capacity(20 << 20);
+        let mut x = 7u64;
+        while data.len() < 20 << 20 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            data.extend_from_slice(format!("line {} of many\n", x % 1000).as_bytes());
+        }
+        data.truncate(20 << 20);
+        std::fs::write(src.join("big"), &data).expect("write");
+        let img_path = d.path().join("t.erofs");
+        let opts = BuildOptions {
+            compression: Some(Compression {
+                algorithms: vec![ferofs_compress::CompressorSpec::parse("lz4").expect("lz4")],
+                pcluster_size: 4096,
+                ztailpacking: false,
+                hints: Vec::new(),
+                max_extent: 0,
+                full_index: false,
+            }),
+            fragments: Fragments::All { pcluster_size: 0 },
+            threads: 1,
+            ..Default::default()
+        };
+        ferofs_builder::build_from_dir(&src, &img_path, &opts).expect("build");
+        let img = open(&img_path).expect("open");
+        let ino = img.lookup(b"/big").expect("lookup");
+        let mut ctx = ReadCtx::new();
+        let (end, hole) = img.run_end(&mut ctx, &ino, 0).expect("map");
+        assert!(!hole);
+        assert!(
+            end > ferofs_reader::limits::MAX_EXTENT_BYTES,
+            "one extent of {end} bytes expected (a fragment)"
+        );
+        let segs = segments(&img, &mut ctx, &ino).expect("segments");
+        assert!(segs.iter().all(|&(_, n)| n <= SEGMENT), "{segs:?}");
+        assert_eq!(segs.iter().map(|s| s.1).sum::<u64>(), data.len() as u64);
+        let mut out = Counter {
+            w: Vec::new(),
+            n: 0,
+        };
+        let top = img.lookup(b"/").expect("root");
+        stream(&img, &top, "/", 2, &mut out).expect("export");
+        let tar = out.w;
+        let at = tar
+            .windows(32)
+            .position(|w| w == &data[..32])
+            .expect("the file's bytes in the tar");
+        assert_eq!(&tar[at..at + data.len()], &data[..]);
+    }
 }

@@ -93,10 +93,19 @@ pub fn write_all(path: &Path, data: &[u8], fsync: bool) -> Result<()> {
 pub fn temp_beside(target: &Path) -> Result<(std::fs::File, PathBuf)> {
     use std::os::unix::fs::PermissionsExt;
     let dir = dir_of(target);
-    let name = target
+    let mut name = target
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "output".into());
+    // A name may be up to 255 bytes; the prefix, the dot and the suffix need 20 of
+    // them, so a long output name is shortened here (it is only a hint).
+    if name.len() > 200 {
+        let cut = (0..=200)
+            .rev()
+            .find(|&i| name.is_char_boundary(i))
+            .unwrap_or(0);
+        name.truncate(cut);
+    }
     let t = tempfile::Builder::new()
         .prefix(&format!(".{name}.ferofs-tmp-"))
         .permissions(std::fs::Permissions::from_mode(0o666))
@@ -207,6 +216,20 @@ mod tests {
             }
             t => panic!("{t:?}"),
         }
+    }
+
+    /// An output name of 255 bytes (the longest a name may be) still gets a temporary
+    /// file beside it: its part of the temporary name is shortened.
+    #[test]
+    fn the_longest_names_get_a_temporary_file() {
+        let d = tempfile::tempdir().expect("tempdir");
+        for name in ["a".repeat(255), "é".repeat(127)] {
+            let p = d.path().join(&name);
+            write_all(&p, b"long", false).expect("write a long name");
+            assert_eq!(std::fs::read(&p).expect("read"), b"long");
+            std::fs::remove_file(&p).expect("rm");
+        }
+        assert_eq!(std::fs::read_dir(d.path()).expect("list").count(), 0);
     }
 
     #[test]
